@@ -1,0 +1,43 @@
+# Two commands do all the set-up on a fresh machine:
+#   make run    - a private RabbitMQ node (unless BANDGATE_AMQP_URL is set) and the gateway
+#   make test   - lint, type-check and the whole test suite against a real RabbitMQ
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup broker run test lint unit bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+# rabbitmq-server from Debian when it is missing and no broker is configured.
+broker:
+	@if [ -z "$$BANDGATE_AMQP_URL$$BANDGATE_TEST_AMQP_URL" ] && [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then \
+		echo "installing rabbitmq-server"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server; \
+	fi
+
+run: setup broker
+	$(BIN)/bandgate dev
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+unit: setup
+	$(BIN)/pytest tests/unit
+
+test: setup broker lint
+	$(BIN)/pytest
+
+bench: setup broker
+	$(BIN)/python -m bench all
+
+clean:
+	rm -rf $(VENV) .bandgate .pytest_cache .mypy_cache .ruff_cache

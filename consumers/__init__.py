@@ -1,0 +1,1 @@
+"""The bandgate consumer library."""

@@ -1,0 +1,1 @@
+"""The bandgate HTTP gateway and publishing core."""

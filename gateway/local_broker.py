@@ -1,0 +1,194 @@
+"""A private RabbitMQ node started from the locally installed `rabbitmq-server`.
+
+Used by `bandgate dev`, the test session and the benchmarks when no broker is configured:
+its own node name, ports, cookie and data directory, so it never touches a system broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+CTL = Path("/usr/lib/rabbitmq/bin/rabbitmqctl")
+DEFAULT_PLUGINS = ("rabbitmq_management", "rabbitmq_consistent_hash_exchange")
+
+
+class LocalBrokerError(RuntimeError):
+    """The private node could not be started or controlled."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def rabbitmq_installed() -> bool:
+    return SERVER.exists() and CTL.exists()
+
+
+@dataclass
+class LocalBroker:
+    """One private node; `start()` returns once AMQP (and management) accept connections."""
+
+    base_dir: Path
+    name: str = "bandgate"
+    amqp_port: int = field(default_factory=free_port)
+    management_port: int = field(default_factory=free_port)
+    dist_port: int = field(default_factory=free_port)
+    plugins: tuple[str, ...] = DEFAULT_PLUGINS
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def node(self) -> str:
+        return f"{self.name}@localhost"
+
+    @property
+    def amqp_url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/"
+
+    @property
+    def management_url(self) -> str:
+        return f"http://guest:guest@127.0.0.1:{self.management_port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.base_dir / "server.log"
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RABBITMQ_")}
+        env.update(
+            HOME=str(self.base_dir),
+            RABBITMQ_CONF_ENV_FILE=str(self.base_dir / "rabbitmq-env.conf"),
+            RABBITMQ_NODENAME=self.node,
+            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_PORT=str(self.amqp_port),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
+            RABBITMQ_CONFIG_FILE=str(self.base_dir / "rabbitmq.conf"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(self.base_dir / "enabled_plugins"),
+            RABBITMQ_MNESIA_BASE=str(self.base_dir / "mnesia"),
+            RABBITMQ_LOG_BASE=str(self.base_dir / "log"),
+            ERL_EPMD_ADDRESS="127.0.0.1",
+        )
+        return env
+
+    def _write_config(self) -> None:
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        (self.base_dir / "rabbitmq-env.conf").write_text("")
+        lines = [
+            f"listeners.tcp.default = 127.0.0.1:{self.amqp_port}",
+            "loopback_users = none",
+        ]
+        if "rabbitmq_management" in self.plugins:
+            lines += [
+                f"management.tcp.port = {self.management_port}",
+                "management.tcp.ip = 127.0.0.1",
+            ]
+        (self.base_dir / "rabbitmq.conf").write_text("\n".join(lines) + "\n")
+        (self.base_dir / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
+        cookie = self.base_dir / ".erlang.cookie"
+        if not cookie.exists():
+            cookie.write_text(secrets.token_hex(16).upper())
+            cookie.chmod(0o400)
+
+    def start(self, timeout: float = 90.0) -> LocalBroker:
+        if not rabbitmq_installed():
+            raise LocalBrokerError(
+                f"{SERVER} not found: install RabbitMQ (apt-get install rabbitmq-server) "
+                "or set BANDGATE_AMQP_URL to a broker"
+            )
+        for port in (self.amqp_port, self.management_port, self.dist_port):
+            if port_open(port):
+                raise LocalBrokerError(f"port {port} is already in use on 127.0.0.1")
+        self._write_config()
+        log = self.log_file.open("ab")
+        self.process = subprocess.Popen(
+            [str(SERVER)],
+            env=self._env(),
+            cwd=self.base_dir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C in a terminal must not kill the node mid-write
+        )
+        log.close()
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        ports = [self.amqp_port]
+        if "rabbitmq_management" in self.plugins:
+            ports.append(self.management_port)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise LocalBrokerError(f"RabbitMQ node {self.node} exited: {self._log_tail()}")
+            if all(port_open(port) for port in ports):
+                return
+            time.sleep(0.1)
+        raise LocalBrokerError(f"RabbitMQ node {self.node} not ready in {timeout:.0f}s")
+
+    def _log_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_file.read_text(errors="replace")[-2000:]
+        return "(no log)"
+
+    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+        """Run rabbitmqctl against this node."""
+        result = subprocess.run(
+            [str(CTL), "-n", self.node, *args],
+            env=self._env(),
+            cwd=self.base_dir,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise LocalBrokerError(f"rabbitmqctl {' '.join(args)}: {result.stderr.strip()}")
+        return result.stdout
+
+    def stop_app(self) -> None:
+        """Stop RabbitMQ inside the node (clients see the broker go away); fast to undo."""
+        self.ctl("stop_app")
+
+    def start_app(self, timeout: float = 60.0) -> None:
+        self.ctl("start_app")
+        self.wait_ready(timeout)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Shut the node down cleanly (SIGTERM makes RabbitMQ stop gracefully)."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL the node: what a crash or power loss looks like to clients."""
+        process = self.process
+        if process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(30)
+        self.process = None

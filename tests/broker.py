@@ -1,0 +1,69 @@
+"""The test session's RabbitMQ: a configured one, or a private node started for the session."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import httpx
+
+from gateway.local_broker import LocalBroker
+from topology.management import split_credentials
+
+AMQP_ENV = "BANDGATE_TEST_AMQP_URL"
+MANAGEMENT_ENV = "BANDGATE_TEST_MANAGEMENT_URL"
+
+
+@dataclass(frozen=True)
+class TestBroker:
+    """Where the session's broker listens; `vhost_url` gives each test its own vhost."""
+
+    __test__ = False  # not a test class, despite the name
+
+    amqp_url: str
+    management_url: str
+
+    def vhost_url(self, vhost: str) -> str:
+        scheme, netloc, _, query, fragment = urlsplit(self.amqp_url)
+        return urlunsplit((scheme, netloc, "/" + quote(vhost, safe=""), query, fragment))
+
+    def management(self) -> httpx.Client:
+        base, auth = split_credentials(self.management_url)
+        return httpx.Client(base_url=base, auth=auth, timeout=30)
+
+    @contextmanager
+    def fresh_vhost(self) -> Iterator[str]:
+        """A vhost of its own for one test, deleted afterwards with all it holds."""
+        name = f"test-{uuid.uuid4().hex[:12]}"
+        encoded = quote(name, safe="")
+        with self.management() as api:
+            api.put(f"/api/vhosts/{encoded}").raise_for_status()
+            api.put(
+                f"/api/permissions/{encoded}/guest",
+                json={"configure": ".*", "write": ".*", "read": ".*"},
+            ).raise_for_status()
+        try:
+            yield name
+        finally:
+            with self.management() as api:
+                api.delete(f"/api/vhosts/{encoded}")
+
+
+@contextmanager
+def session_broker(tmp_dir: Path) -> Iterator[TestBroker]:
+    url = os.environ.get(AMQP_ENV)
+    if url:
+        host = urlsplit(url).hostname or "127.0.0.1"
+        yield TestBroker(url, os.environ.get(MANAGEMENT_ENV, f"http://guest:guest@{host}:15672"))
+        return
+    node = LocalBroker(tmp_dir / "rabbitmq", name=f"bandgate-test-{uuid.uuid4().hex[:6]}")
+    node.start()
+    try:
+        yield TestBroker(node.amqp_url, node.management_url)
+    finally:
+        node.stop()

@@ -1,0 +1,1 @@
+"""The bandgate topology model: priorities, bands, names, declaration and export."""

@@ -1,0 +1,205 @@
+"""Applying a topology to a broker: idempotent, and clear about conflicts.
+
+Declaring an object that exists with other arguments makes RabbitMQ close the channel with
+PRECONDITION_FAILED. The declarer turns that into a `TopologyConflictError` that says which
+object differs, how, and how to migrate.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any, cast
+
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractConnection, ExchangeType
+from pamqp.common import Arguments
+
+from topology.loader import TopologyError
+from topology.management import ManagementClient
+from topology.model import Topology
+from topology.objects import BindingDecl, ExchangeDecl, Plan, QueueDecl, plan
+
+log = logging.getLogger(__name__)
+
+MIN_BROKER_VERSION = (3, 10)
+
+
+class TopologyConflictError(TopologyError):
+    """An object exists on the broker with other properties than the topology wants."""
+
+    def __init__(self, message: str, queue: QueueDecl | None = None) -> None:
+        super().__init__(message)
+        self.queue = queue
+
+
+class BrokerVersionError(TopologyError):
+    """The broker is too old for what bandgate declares."""
+
+
+@dataclass(frozen=True)
+class ApplyReport:
+    broker_version: str
+    exchanges: int
+    queues: int
+    bindings: int
+
+
+def broker_version(connection: AbstractConnection) -> str:
+    """The server version the broker announced when the connection opened."""
+    transport = connection.transport
+    if transport is None:
+        return "unknown"
+    version = transport.connection.server_properties.get("version", b"unknown")
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
+def parse_version(version: str) -> tuple[int, ...]:
+    numbers = re.findall(r"\d+", version)
+    return tuple(int(n) for n in numbers[:3])
+
+
+async def apply_topology(
+    connection: AbstractConnection,
+    topology: Topology,
+    management: ManagementClient | None = None,
+) -> ApplyReport:
+    """Declare every exchange, queue and binding of `topology`; safe to run again.
+
+    With a management client, a conflicting queue is reported with all its differing
+    arguments; without one, with the first difference the broker names.
+    """
+    version = broker_version(connection)
+    parsed = parse_version(version)
+    if parsed and parsed[:2] < MIN_BROKER_VERSION:
+        raise BrokerVersionError(
+            f"RabbitMQ {version} is too old: bandgate needs 3.10 or newer "
+            "(quorum queue message TTL and at-least-once dead-lettering)"
+        )
+    objects = plan(topology)
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        await _apply(channel, objects)
+    except TopologyConflictError as conflict:
+        if management is None or conflict.queue is None:
+            raise
+        existing = await management.queue(conflict.queue.name)
+        if existing is None:
+            raise
+        raise queue_diff_error(conflict.queue, existing.get("arguments", {})) from None
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+    log.info(
+        "applied topology: %d exchanges, %d queues, %d bindings on RabbitMQ %s",
+        len(objects.exchanges),
+        len(objects.queues),
+        len(objects.bindings),
+        version,
+    )
+    return ApplyReport(version, len(objects.exchanges), len(objects.queues), len(objects.bindings))
+
+
+async def _apply(channel: AbstractChannel, objects: Plan) -> None:
+    for exchange in objects.exchanges:
+        await _declare_exchange(channel, exchange)
+    for queue in objects.queues:
+        await _declare_queue(channel, queue)
+    for binding in objects.bindings:
+        await _bind(channel, binding)
+
+
+async def _declare_exchange(channel: AbstractChannel, exchange: ExchangeDecl) -> None:
+    try:
+        await channel.declare_exchange(exchange.name, ExchangeType(exchange.type), durable=True)
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        raise conflict_error("exchange", exchange.name, exc) from None
+
+
+async def _declare_queue(channel: AbstractChannel, queue: QueueDecl) -> None:
+    try:
+        arguments = cast(Arguments, dict(queue.arguments))
+        await channel.declare_queue(queue.name, durable=True, arguments=arguments)
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        error = conflict_error("queue", queue.name, exc)
+        raise TopologyConflictError(str(error), queue) from None
+
+
+async def _bind(channel: AbstractChannel, binding: BindingDecl) -> None:
+    underlay = await channel.get_underlay_channel()
+    if binding.destination_type == "queue":
+        await underlay.queue_bind(binding.destination, binding.source, binding.routing_key)
+    else:
+        await underlay.exchange_bind(binding.destination, binding.source, binding.routing_key)
+
+
+_QUEUE_ADVICE = (
+    "RabbitMQ cannot change a queue's type or arguments in place: stop its consumers, "
+    "move or drain its messages (e.g. with a shovel to a temporary queue), delete it, then "
+    "run `bandgate topology apply` again; or give the band another name in the topology."
+)
+
+
+def queue_diff_error(queue: QueueDecl, existing: dict[str, Any]) -> TopologyConflictError:
+    """Name every argument where the broker's queue differs from the topology's."""
+    wanted: dict[str, Any] = dict(queue.arguments)
+    current = dict(existing)
+    current.setdefault("x-queue-type", "classic")
+    differences = [
+        f"{key} is {_shown(current.get(key))} on the broker, the topology wants "
+        f"{_shown(wanted.get(key))}"
+        for key in sorted(set(wanted) | set(current))
+        if str(current.get(key)) != str(wanted.get(key))
+    ]
+    return TopologyConflictError(
+        f"queue {queue.name!r} exists with other settings: {'; '.join(differences)}. "
+        f"{_QUEUE_ADVICE}",
+        queue,
+    )
+
+
+def _shown(value: Any) -> str:
+    return "not set" if value is None else repr(value)
+
+
+_INEQUIVALENT = re.compile(
+    r"inequivalent arg '(?P<arg>[^']+)' for (?P<kind>queue|exchange) '(?P<name>[^']+)'"
+    r".*?received (?:the value )?'?(?P<wanted>[^']*)'?(?: of type '[^']*')?"
+    r" but current is (?P<current>.+?)\.?$",
+)
+
+
+def conflict_error(kind: str, name: str, exc: Exception) -> TopologyConflictError:
+    """Explain a PRECONDITION_FAILED on declare in the operator's terms."""
+    text = " ".join(str(arg) for arg in exc.args)
+    match = _INEQUIVALENT.search(text)
+    if match:
+        arg, wanted = match["arg"], match["wanted"]
+        current = match["current"].strip().strip("'")
+        if current.startswith("none") or current == "":
+            current = "not set" + (" (a classic queue)" if arg == "x-queue-type" else "")
+        else:
+            current = re.sub(r"^the value '?([^']*)'?.*$", r"\1", current)
+        detail = f"{arg} is {current} on the broker, the topology wants {wanted!r}"
+    else:
+        detail = text
+    advice = (
+        _QUEUE_ADVICE
+        if kind == "queue"
+        else "Delete the exchange (its bindings go with it) and run `bandgate topology apply`, "
+        "or set another `exchange` name in the topology."
+    )
+    return TopologyConflictError(f"{kind} {name!r} exists with other settings: {detail}. {advice}")
+
+
+__all__ = [
+    "ApplyReport",
+    "BrokerVersionError",
+    "TopologyConflictError",
+    "apply_topology",
+    "broker_version",
+    "conflict_error",
+    "parse_version",
+    "queue_diff_error",
+]

@@ -1,0 +1,217 @@
+"""The topology model: logical queues, their priority bands, retry and delay settings.
+
+Frozen value objects, validated once when loaded; every other part of bandgate (gateway,
+consumers, declarer, exporter, CLI) reads the same model.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from topology import naming
+from topology.delay import DelayLadder
+from topology.priority import MAX_PRIORITY, MIN_PRIORITY
+
+QueueType = Literal["quorum", "classic"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class Band(_Frozen):
+    """A contiguous priority range of one logical queue, stored in its own RabbitMQ queue."""
+
+    name: str
+    priorities: tuple[int, int] = Field(description="lowest and highest priority, inclusive")
+    type: QueueType = "quorum"
+    age_after_seconds: float | None = Field(
+        default=None, gt=0, description="promote to the next band up after waiting this long"
+    )
+    max_length: int | None = Field(default=None, gt=0)
+    weight: float | None = Field(default=None, gt=0, description="share under `weighted`")
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_valid(cls, name: str) -> str:
+        if not naming.is_valid_name(name):
+            raise ValueError(f"band name {name!r} is invalid: {naming.NAME_RULE}")
+        return name
+
+    @field_validator("priorities")
+    @classmethod
+    def _range_is_valid(cls, priorities: tuple[int, int]) -> tuple[int, int]:
+        low, high = priorities
+        for value in priorities:
+            if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+                raise ValueError(f"priority {value} is out of range {MIN_PRIORITY}-{MAX_PRIORITY}")
+        if low > high:
+            raise ValueError(f"priorities [{low}, {high}] must be [lowest, highest]")
+        return priorities
+
+    @property
+    def low(self) -> int:
+        return self.priorities[0]
+
+    @property
+    def high(self) -> int:
+        return self.priorities[1]
+
+    def covers(self, priority: int) -> bool:
+        return self.low <= priority <= self.high
+
+
+class RetryPolicy(_Frozen):
+    """How failures are retried before a message is dead-lettered."""
+
+    max_attempts: int = Field(default=5, ge=1, le=1000)
+    backoff_initial_seconds: float = Field(default=1.0, ge=0)
+    backoff_multiplier: float = Field(default=2.0, ge=1)
+    backoff_max_seconds: float = Field(default=300.0, ge=0)
+    jitter: float = Field(default=0.1, ge=0, le=1, description="± fraction of each delay")
+    max_deliveries: int = Field(
+        default=5, ge=1, description="redeliveries (worker crashes) before dead-lettering"
+    )
+
+    def backoff_seconds(self, attempt: int) -> float:
+        """Back-off after failed attempt number `attempt` (1-based), without jitter."""
+        delay = self.backoff_initial_seconds * self.backoff_multiplier ** (attempt - 1)
+        return float(min(delay, self.backoff_max_seconds))
+
+
+def default_bands() -> tuple[Band, ...]:
+    return (
+        Band(name="hot", priorities=(7, 9)),
+        Band(name="warm", priorities=(4, 6)),
+        Band(name="cold", priorities=(0, 3)),
+    )
+
+
+class QueueSpec(_Frozen):
+    """A logical queue: what producers name, split into bands hottest first."""
+
+    name: str
+    bands: tuple[Band, ...] = Field(default_factory=default_bands)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_valid(cls, name: str) -> str:
+        if not naming.is_valid_name(name):
+            raise ValueError(f"queue name {name!r} is invalid: {naming.NAME_RULE}")
+        return name
+
+    @model_validator(mode="after")
+    def _bands_partition_priorities(self) -> QueueSpec:
+        if not self.bands:
+            raise ValueError("a queue needs at least one band")
+        names = [band.name for band in self.bands]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"band names repeat: {', '.join(duplicates)}")
+        if "dlq" in names:
+            raise ValueError("'dlq' is reserved for the dead-letter queue")
+        expected_high = MAX_PRIORITY
+        for band in self.bands:
+            if band.high > expected_high:
+                raise ValueError(
+                    f"band {band.name!r} ({band.low}-{band.high}) overlaps the band above it; "
+                    "list bands hottest first with disjoint priority ranges"
+                )
+            if band.high < expected_high:
+                raise ValueError(
+                    f"priorities {band.high + 1}-{expected_high} belong to no band "
+                    f"(gap above band {band.name!r}); bands must cover 0-9 without gaps"
+                )
+            expected_high = band.low - 1
+        if expected_high >= MIN_PRIORITY:
+            raise ValueError(
+                f"priorities 0-{expected_high} belong to no band; bands must cover 0-9"
+            )
+        if self.bands[0].age_after_seconds is not None:
+            raise ValueError(
+                f"band {self.bands[0].name!r} is the hottest: there is no band to age into"
+            )
+        return self
+
+    def band_for(self, priority: int) -> Band:
+        for band in self.bands:
+            if band.covers(priority):
+                return band
+        raise ValueError(f"priority {priority} is in no band of {self.name!r}")  # unreachable
+
+    def band(self, name: str) -> Band:
+        for band in self.bands:
+            if band.name == name:
+                return band
+        raise KeyError(f"queue {self.name!r} has no band {name!r}")
+
+    def band_above(self, band: Band) -> Band | None:
+        index = self.bands.index(band)
+        return self.bands[index - 1] if index > 0 else None
+
+    def weights(self) -> tuple[float, ...]:
+        """Shares under the `weighted` policy; by default each band twice the one below."""
+        count = len(self.bands)
+        return tuple(
+            band.weight if band.weight is not None else float(2 ** (count - 1 - index))
+            for index, band in enumerate(self.bands)
+        )
+
+
+class DelaySettings(_Frozen):
+    base_ms: int = Field(default=50, ge=1, description="TTL of delay level 0")
+    levels: int = Field(default=33, ge=1, le=48)
+
+
+class UnknownQueueError(KeyError):
+    """A queue name that the topology does not define."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"unknown queue {self.name!r}"
+
+
+class Topology(_Frozen):
+    """Everything declared on the broker for one bandgate deployment."""
+
+    exchange: str = "bandgate"
+    delay: DelaySettings = Field(default_factory=DelaySettings)
+    queues: dict[str, QueueSpec] = Field(default_factory=dict)
+
+    @field_validator("exchange")
+    @classmethod
+    def _exchange_is_valid(cls, name: str) -> str:
+        if not naming.is_valid_name(name):
+            raise ValueError(f"exchange name {name!r} is invalid: {naming.NAME_RULE}")
+        return name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _queue_names_from_keys(cls, data: object) -> object:
+        """`[queues.orders]` in TOML names the queue `orders`; fill `name` from the key."""
+        if isinstance(data, dict) and isinstance(data.get("queues"), dict):
+            queues = {}
+            for key, spec in data["queues"].items():
+                if isinstance(spec, dict):
+                    spec = {"name": key, **spec}
+                    if spec["name"] != key:
+                        raise ValueError(f"queue {key!r} has a different name {spec['name']!r}")
+                queues[key] = spec
+            data = {**data, "queues": queues}
+        return data
+
+    @property
+    def ladder(self) -> DelayLadder:
+        return DelayLadder(self.exchange, self.delay.base_ms, self.delay.levels)
+
+    def queue(self, name: str) -> QueueSpec:
+        try:
+            return self.queues[name]
+        except KeyError:
+            raise UnknownQueueError(name) from None

@@ -1,0 +1,59 @@
+"""Every RabbitMQ object name bandgate uses, from one place.
+
+The gateway, the consumers, the exported definitions and the tests all call these functions,
+so they cannot disagree about what a band, a dead-letter queue or a delay level is called.
+Queue and band names never contain dots, which keeps routing keys unambiguous: the last two
+words of any bandgate routing key are always `<queue>.<priority>`.
+"""
+
+from __future__ import annotations
+
+import re
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+NAME_RULE = "1-64 characters: letters, digits, '-' and '_', starting with a letter or digit"
+
+GATEWAY_CONNECTION = "bandgate-gateway"
+WORKER_CONNECTION = "bandgate-worker"
+CLI_CONNECTION = "bandgate-cli"
+
+
+def is_valid_name(name: str) -> bool:
+    return bool(NAME_PATTERN.fullmatch(name))
+
+
+def routing_key(queue: str, priority: int) -> str:
+    """Key a message for `queue` at `priority` is published with on the main exchange."""
+    return f"{queue}.{priority}"
+
+
+def band_queue(queue: str, band: str) -> str:
+    return f"{queue}.{band}"
+
+
+def dead_letter_queue(queue: str) -> str:
+    return f"{queue}.dlq"
+
+
+def dead_letter_exchange(exchange: str) -> str:
+    """Direct exchange routing `<queue>` to `<queue>.dlq`."""
+    return f"{exchange}.dead"
+
+
+def delay_level(exchange: str, level: int) -> str:
+    """Name of delay level `level`: a topic exchange and the TTL queue bound behind it."""
+    return f"{exchange}.delay.{level:02d}"
+
+
+def delay_exit_exchange(exchange: str) -> str:
+    """Topic exchange where the delay ladder ends; it routes `#.<queue>.<priority>` to bands."""
+    return f"{exchange}.delay.out"
+
+
+def delayed_routing_key(bits: str, queue: str, priority: int) -> str:
+    """Routing key of a delayed message: one word per delay level, then the normal key."""
+    return f"{bits}.{routing_key(queue, priority)}"
+
+
+def delay_exit_pattern(queue: str, priority: int) -> str:
+    return f"#.{routing_key(queue, priority)}"

@@ -1,0 +1,132 @@
+"""The RabbitMQ objects a topology needs, as plain values.
+
+`plan()` turns the model into exchanges, queues and bindings; the declarer applies them over
+AMQP and the exporter writes them as definitions.json, so both always agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, TypedDict
+
+from topology import naming
+from topology.model import Band, QueueSpec, Topology
+
+QueueArguments = TypedDict(
+    "QueueArguments",
+    {
+        "x-queue-type": str,
+        "x-max-priority": int,
+        "x-message-ttl": int,
+        "x-max-length": int,
+        "x-overflow": str,
+        "x-dead-letter-exchange": str,
+        "x-dead-letter-routing-key": str,
+        "x-dead-letter-strategy": str,
+    },
+    total=False,
+)
+
+
+@dataclass(frozen=True)
+class ExchangeDecl:
+    name: str
+    type: Literal["topic", "direct"]
+
+
+@dataclass(frozen=True)
+class QueueDecl:
+    name: str
+    arguments: QueueArguments = field(default_factory=lambda: QueueArguments())
+
+
+@dataclass(frozen=True)
+class BindingDecl:
+    source: str
+    destination: str
+    routing_key: str
+    destination_type: Literal["queue", "exchange"] = "queue"
+
+
+@dataclass(frozen=True)
+class Plan:
+    exchanges: tuple[ExchangeDecl, ...]
+    queues: tuple[QueueDecl, ...]
+    bindings: tuple[BindingDecl, ...]
+
+
+def band_arguments(topology: Topology, queue: QueueSpec, band: Band) -> QueueArguments:
+    """Arguments of a band's queue.
+
+    A band with an aging threshold dead-letters expired messages into the band above it (by
+    routing key, through the main exchange), so the broker itself promotes starving messages.
+    Other bands dead-letter into the queue's DLQ, so a message rejected by any client is
+    kept, not dropped. Quorum bands dead-letter at-least-once, which needs reject-publish.
+    """
+    args = QueueArguments()
+    args["x-queue-type"] = band.type
+    args["x-overflow"] = "reject-publish"
+    above = queue.band_above(band)
+    if band.age_after_seconds is not None and above is not None:
+        args["x-message-ttl"] = int(band.age_after_seconds * 1000)
+        args["x-dead-letter-exchange"] = topology.exchange
+        args["x-dead-letter-routing-key"] = naming.routing_key(queue.name, above.low)
+    else:
+        args["x-dead-letter-exchange"] = naming.dead_letter_exchange(topology.exchange)
+        args["x-dead-letter-routing-key"] = queue.name
+    if band.type == "quorum":
+        args["x-dead-letter-strategy"] = "at-least-once"
+    else:
+        # Classic queues order by priority inside the band; quorum queues refuse this on 3.x.
+        args["x-max-priority"] = band.high
+    if band.max_length is not None:
+        args["x-max-length"] = band.max_length
+    return args
+
+
+def _quorum() -> QueueArguments:
+    return QueueArguments({"x-queue-type": "quorum"})
+
+
+def plan(topology: Topology) -> Plan:
+    exchange = topology.exchange
+    dead = naming.dead_letter_exchange(exchange)
+    ladder = topology.ladder
+    exit_exchange = naming.delay_exit_exchange(exchange)
+
+    exchanges = [
+        ExchangeDecl(exchange, "topic"),
+        ExchangeDecl(dead, "direct"),
+        ExchangeDecl(exit_exchange, "topic"),
+    ]
+    queues: list[QueueDecl] = []
+    bindings: list[BindingDecl] = []
+
+    for level in range(ladder.levels):
+        name = naming.delay_level(exchange, level)
+        exchanges.append(ExchangeDecl(name, "topic"))
+        args = _quorum()
+        args["x-message-ttl"] = ladder.ttl_ms(level)
+        args["x-overflow"] = "reject-publish"
+        args["x-dead-letter-exchange"] = ladder.next_hop(level)
+        args["x-dead-letter-strategy"] = "at-least-once"
+        queues.append(QueueDecl(name, args))
+        bindings.append(BindingDecl(name, name, ladder.bit_pattern(level, "1")))
+        bindings.append(
+            BindingDecl(name, ladder.next_hop(level), ladder.bit_pattern(level, "0"), "exchange")
+        )
+
+    for spec in topology.queues.values():
+        for band in spec.bands:
+            band_name = naming.band_queue(spec.name, band.name)
+            queues.append(QueueDecl(band_name, band_arguments(topology, spec, band)))
+            for priority in range(band.low, band.high + 1):
+                key = naming.routing_key(spec.name, priority)
+                bindings.append(BindingDecl(exchange, band_name, key))
+                pattern = naming.delay_exit_pattern(spec.name, priority)
+                bindings.append(BindingDecl(exit_exchange, band_name, pattern))
+        dlq = naming.dead_letter_queue(spec.name)
+        queues.append(QueueDecl(dlq, _quorum()))
+        bindings.append(BindingDecl(dead, dlq, spec.name))
+
+    return Plan(tuple(exchanges), tuple(queues), tuple(bindings))

@@ -1,0 +1,120 @@
+"""The wire format: how a bandgate message looks as an AMQP message, both ways.
+
+The gateway, Python producers and the consumers' retry path all build messages here, and the
+consumers read them back here, so a header name is spelled once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aio_pika
+import orjson
+
+HeaderValue = str | int | float | bool
+
+CONTENT_TYPE = "application/json"
+HEADER_PREFIX = "x-bandgate-"
+ENQUEUED_AT = "x-bandgate-enqueued-at"  # milliseconds since the epoch, UTC
+DELIVER_AT = "x-bandgate-deliver-at"  # milliseconds since the epoch, UTC
+PARTITION_KEY = "x-bandgate-partition-key"
+ATTEMPT = "x-bandgate-attempt"  # 1 for the first delivery; retries count up
+QUEUE = "x-bandgate-queue"
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+# Headers the broker adds when it dead-letters. A republish must drop them: a message that
+# goes through the same delay levels again with its old x-death is dropped silently by the
+# broker's dead-letter cycle detection (seen on 3.10.8).
+BROKER_DEATH_HEADERS = (
+    "x-death",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-first-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+    "x-last-death-exchange",
+)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_message_id() -> str:
+    return str(uuid.uuid4())
+
+
+def to_millis(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def from_millis(millis: int) -> datetime:
+    return datetime.fromtimestamp(millis / 1000, UTC)
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """One message as bandgate handles it, before routing."""
+
+    queue: str
+    payload: Any
+    priority: int
+    message_id: str = field(default_factory=new_message_id)
+    enqueued_at: datetime = field(default_factory=now)
+    deliver_at: datetime | None = None
+    headers: Mapping[str, HeaderValue] = field(default_factory=dict)
+    partition_key: str | None = None
+    attempt: int = 1
+    extra_headers: Mapping[str, Any] = field(default_factory=dict)
+
+    def body(self) -> bytes:
+        return orjson.dumps(self.payload)
+
+    def delay_ms(self, at: datetime | None = None) -> float:
+        """How long from `at` (default now) until the message is due; 0 when it is due."""
+        if self.deliver_at is None:
+            return 0.0
+        return max(0.0, (self.deliver_at - (at or now())).total_seconds() * 1000)
+
+
+def encode(envelope: Envelope, body: bytes | None = None) -> aio_pika.Message:
+    """A persistent AMQP message carrying the envelope; `body` saves re-serialising."""
+    headers: dict[str, Any] = dict(envelope.headers)
+    headers.update(envelope.extra_headers)
+    headers[ENQUEUED_AT] = to_millis(envelope.enqueued_at)
+    headers[QUEUE] = envelope.queue
+    headers[ATTEMPT] = envelope.attempt
+    if envelope.deliver_at is not None:
+        headers[DELIVER_AT] = to_millis(envelope.deliver_at)
+    if envelope.partition_key is not None:
+        headers[PARTITION_KEY] = envelope.partition_key
+    for name in BROKER_DEATH_HEADERS:
+        headers.pop(name, None)
+    return aio_pika.Message(
+        body=envelope.body() if body is None else body,
+        content_type=CONTENT_TYPE,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        priority=envelope.priority,
+        message_id=envelope.message_id,
+        timestamp=envelope.enqueued_at,
+        headers=headers,
+    )
+
+
+def user_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """The producer's own headers of a received message (bandgate's and the broker's removed)."""
+    return {
+        name: value
+        for name, value in headers.items()
+        if not name.startswith(HEADER_PREFIX)
+        and name not in BROKER_DEATH_HEADERS
+        and name not in TRACE_HEADERS
+    }
+
+
+def decode_body(body: bytes) -> Any:
+    return orjson.loads(body)
