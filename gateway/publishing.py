@@ -148,9 +148,12 @@ class Publisher:
 
     async def _send(self, exchange: str, routing_key: str, message: aio_pika.Message) -> None:
         try:
-            channel = await self.channels.get()
-            target = await channel.get_exchange(exchange, ensure=False)
-            await target.publish(message, routing_key, mandatory=True, timeout=self.confirm_timeout)
+            # One deadline covers getting a channel too: a half-open connection must not
+            # stall a publish past the timeout.
+            async with asyncio.timeout(self.confirm_timeout):
+                channel = await self.channels.get()
+                target = await channel.get_exchange(exchange, ensure=False)
+                await target.publish(message, routing_key, mandatory=True)
         except TimeoutError:
             raise ConfirmTimeout(
                 f"the broker did not confirm the message within {self.confirm_timeout:g} s; "

@@ -1,0 +1,60 @@
+"""The Starlette app factory. The lifespan owns every resource: settings, topology and the
+broker link; nothing connects or reads the environment at import time."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+
+from gateway.broker import BrokerLink
+from gateway.errors import ApiError, api_error_handler, http_error_handler
+from gateway.middleware import BodyLimitMiddleware
+from gateway.routes import routes
+from gateway.settings import GatewaySettings
+from topology.model import Topology
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    settings: GatewaySettings | None = None,
+    topology: Topology | None = None,
+    connect_wait: float = 5.0,
+) -> Starlette:
+    """Build the gateway. Without arguments, settings come from `BANDGATE_*` (read now) and
+    the topology from the settings' file (read when the app starts)."""
+    resolved = settings or GatewaySettings()
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        model = topology or resolved.load_topology()
+        link = BrokerLink(
+            resolved.amqp_url,
+            model,
+            connection_name=resolved.connection_name,
+            channel_pool_size=resolved.channel_pool_size,
+            confirm_timeout=resolved.publish_timeout_seconds,
+            declare_topology=resolved.declare_topology,
+            management_url=resolved.management_url,
+        )
+        app.state.settings = resolved
+        app.state.topology = model
+        app.state.link = link
+        await link.start(wait=connect_wait)
+        try:
+            yield
+        finally:
+            await link.close()
+
+    middleware = [Middleware(BodyLimitMiddleware, limit=resolved.max_body_bytes)]
+    return Starlette(
+        routes=routes(),
+        middleware=middleware,
+        exception_handlers={ApiError: api_error_handler, HTTPException: http_error_handler},
+        lifespan=lifespan,
+    )

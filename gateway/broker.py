@@ -1,0 +1,151 @@
+"""The gateway's link to RabbitMQ: one robust connection, a set of confirm channels, and
+readiness.
+
+The gateway starts and serves even while the broker is away: the link connects in the
+background, (re)applies the topology on every (re)connect, and answers 503 meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+
+from gateway.publishing import BrokerUnavailable, ChannelSet, Publisher
+from topology import naming
+from topology.declare import TopologyConflictError, apply_topology, broker_version
+from topology.loader import TopologyError
+from topology.management import ManagementClient, vhost_of
+from topology.model import Topology
+
+log = logging.getLogger(__name__)
+
+
+class BrokerLink:
+    def __init__(
+        self,
+        amqp_url: str,
+        topology: Topology,
+        *,
+        connection_name: str = naming.GATEWAY_CONNECTION,
+        channel_pool_size: int = 4,
+        confirm_timeout: float = 5.0,
+        declare_topology: bool = True,
+        management_url: str | None = None,
+    ) -> None:
+        self.amqp_url = amqp_url
+        self.topology = topology
+        self.connection_name = connection_name
+        self.declare_topology = declare_topology
+        self.management = (
+            ManagementClient(management_url, vhost_of(amqp_url)) if management_url else None
+        )
+        self.connection: AbstractRobustConnection | None = None
+        self.channels = ChannelSet(self._open_confirm_channel, channel_pool_size)
+        self.publisher = Publisher(topology, self.channels, confirm_timeout)
+        self.problem: str | None = "not connected yet"
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def connected(self) -> bool:
+        connection = self.connection
+        return connection is not None and not connection.is_closed and connection.connected.is_set()
+
+    @property
+    def version(self) -> str:
+        return broker_version(self.connection) if self.connection else "unknown"
+
+    async def start(self, wait: float = 0.0) -> None:
+        """Start connecting in the background; wait up to `wait` s for the first connection.
+
+        A topology conflict is fatal and raised from here: serving would lose messages.
+        """
+        self._task = asyncio.create_task(self._connect_forever(), name="bandgate-broker-link")
+        if wait > 0:
+            done, _ = await asyncio.wait({self._task}, timeout=wait)
+            if done:
+                self._task.result()
+
+    async def _connect_forever(self) -> None:
+        delay = 0.5
+        while self.connection is None:
+            try:
+                connection = await aio_pika.connect_robust(
+                    self.amqp_url,
+                    client_properties={"connection_name": self.connection_name},
+                    timeout=10,
+                )
+            except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:
+                self.problem = f"cannot connect to the broker: {exc}"
+                log.warning("%s; retrying in %.1f s", self.problem, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            try:
+                await self._prepare(connection)
+            except TopologyError as exc:
+                self.problem = str(exc)
+                await connection.close()
+                raise
+            connection.reconnect_callbacks.add(self._on_reconnect)
+            self.connection = connection
+            self.problem = None
+            log.info("connected to RabbitMQ %s", self.version)
+
+    async def _prepare(self, connection: AbstractRobustConnection) -> None:
+        if self.declare_topology:
+            await apply_topology(connection, self.topology, self.management)
+
+    async def _on_reconnect(self, connection: AbstractRobustConnection | None) -> None:
+        log.info("reconnected to the broker")
+        if connection is None:
+            return
+        try:
+            await self._prepare(connection)
+        except TopologyConflictError:
+            log.exception("topology conflict after reconnect")
+        except Exception:  # a failed re-declare must not kill the reconnect loop
+            log.exception("re-applying the topology after reconnect failed")
+
+    async def _open_confirm_channel(self) -> AbstractChannel:
+        if self.connection is None or not self.connected:
+            raise BrokerUnavailable(self.problem or "the broker is unavailable")
+        return await self.connection.channel(publisher_confirms=True, on_return_raises=True)
+
+    async def check_ready(self) -> str | None:
+        """None when the broker is connected and the topology present, else the reason."""
+        if self.connection is None or not self.connected:
+            return self.problem or "not connected to the broker"
+        try:
+            channel = await self.connection.channel(publisher_confirms=False)
+        except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
+            return f"cannot open a channel: {exc}"
+        try:
+            await channel.get_exchange(self.topology.exchange, ensure=True)
+            for spec in self.topology.queues.values():
+                for band in spec.bands:
+                    await channel.get_queue(naming.band_queue(spec.name, band.name), ensure=True)
+        except aiormq.exceptions.ChannelNotFoundEntity as exc:
+            return f"topology missing on the broker ({exc}): run `bandgate topology apply`"
+        except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
+            return f"broker check failed: {exc}"
+        finally:
+            if not channel.is_closed:
+                with contextlib.suppress(Exception):
+                    await channel.close()
+        return None
+
+    async def close(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        with contextlib.suppress(Exception):
+            await self.channels.close()
+        if self.connection is not None:
+            await self.connection.close()
+            self.connection = None

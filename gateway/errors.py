@@ -1,0 +1,61 @@
+"""Errors the HTTP API answers with, in the one documented shape:
+`{"error": {"code": ..., "message": ..., "field": ...}}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+
+class ApiError(Exception):
+    """An error with its HTTP status and stable machine-readable code."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "field": self.field}
+
+
+def error_response(error: ApiError) -> Response:
+    return Response(
+        orjson.dumps({"error": error.body()}),
+        status_code=error.status,
+        media_type="application/json",
+        headers=error.headers,
+    )
+
+
+async def api_error_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc)
+
+
+_HTTP_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+}
+
+
+async def http_error_handler(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 in our error shape."""
+    assert isinstance(exc, HTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    headers = dict(exc.headers) if exc.headers else None
+    return error_response(ApiError(exc.status_code, code, str(exc.detail), headers=headers))

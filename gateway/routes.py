@@ -1,0 +1,175 @@
+"""HTTP endpoints (v1). Handlers validate, hand envelopes to the publisher and translate
+the outcome; a 201 is sent only after the broker confirmed the message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from gateway.broker import BrokerLink
+from gateway.errors import ApiError
+from gateway.openapi import openapi_document
+from gateway.publishing import BrokerRejected, Published, PublishFailure
+from gateway.schemas import BatchRequest, parse_publish, validation_error
+from gateway.settings import GatewaySettings
+from gateway.stats import describe_queue, queue_stats
+from topology.model import QueueSpec, Topology, UnknownQueueError
+from topology.wire import Envelope
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def _link(request: Request) -> BrokerLink:
+    link: BrokerLink = request.app.state.link
+    return link
+
+
+def _topology(request: Request) -> Topology:
+    topology: Topology = request.app.state.topology
+    return topology
+
+
+def _settings(request: Request) -> GatewaySettings:
+    settings: GatewaySettings = request.app.state.settings
+    return settings
+
+
+def _queue(request: Request) -> QueueSpec:
+    try:
+        return _topology(request).queue(request.path_params["queue"])
+    except UnknownQueueError as exc:
+        raise ApiError(404, "unknown_queue", str(exc), "queue") from None
+
+
+async def _json_body(request: Request) -> Any:
+    content_type = request.headers.get("content-type", "")
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"send Content-Type: application/json (got {content_type or 'none'!r})",
+        )
+    body = await request.body()
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
+
+
+def published_body(result: Published) -> dict[str, Any]:
+    return {
+        "message_id": result.message_id,
+        "queue": result.queue,
+        "priority": result.priority,
+        "band": result.band,
+        "enqueued_at": result.enqueued_at.isoformat(),
+        "deliver_at": result.deliver_at.isoformat() if result.deliver_at else None,
+    }
+
+
+def failure_error(failure: PublishFailure) -> ApiError:
+    if isinstance(failure, BrokerRejected):
+        return ApiError(503, failure.code, str(failure), headers={"Retry-After": "1"})
+    return ApiError(503, failure.code, str(failure))
+
+
+def _ensure_connected(link: BrokerLink) -> None:
+    if not link.connected:
+        raise ApiError(503, "broker_unavailable", link.problem or "not connected to the broker")
+
+
+async def publish(request: Request) -> Response:
+    spec = _queue(request)
+    data = await _json_body(request)
+    envelope = parse_publish(data, spec, _topology(request))
+    link = _link(request)
+    _ensure_connected(link)
+    try:
+        result = await link.publisher.publish(envelope)
+    except PublishFailure as failure:
+        raise failure_error(failure) from None
+    return json_response(published_body(result), 201)
+
+
+async def publish_batch(request: Request) -> Response:
+    spec = _queue(request)
+    data = await _json_body(request)
+    if not isinstance(data, dict):
+        raise ApiError(422, "invalid_body", 'the body must be {"messages": [...]}')
+    try:
+        batch = BatchRequest.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    limit = _settings(request).max_batch_messages
+    if not batch.messages:
+        raise ApiError(422, "invalid_field", "messages must hold at least one message", "messages")
+    if len(batch.messages) > limit:
+        raise ApiError(
+            413, "batch_too_large", f"a batch holds at most {limit} messages", "messages"
+        )
+    topology = _topology(request)
+    failed: list[dict[str, Any]] = []
+    envelopes: list[tuple[int, Envelope]] = []
+    for index, item in enumerate(batch.messages):
+        try:
+            envelopes.append((index, parse_publish(item, spec, topology, f"messages.{index}")))
+        except ApiError as error:
+            failed.append({"index": index, "error": error.body()})
+    link = _link(request)
+    if envelopes:
+        _ensure_connected(link)
+    results = await link.publisher.publish_many([envelope for _, envelope in envelopes])
+    successful: list[dict[str, Any]] = []
+    for (index, _), result in zip(envelopes, results, strict=True):
+        if isinstance(result, Published):
+            successful.append({"index": index, **published_body(result)})
+        else:
+            failed.append({"index": index, "error": failure_error(result).body()})
+    failed.sort(key=lambda item: item["index"])
+    return json_response({"successful": successful, "failed": failed})
+
+
+async def list_queues(request: Request) -> Response:
+    topology = _topology(request)
+    return json_response({"queues": [describe_queue(q) for q in topology.queues.values()]})
+
+
+async def stats(request: Request) -> Response:
+    spec = _queue(request)
+    return json_response(await queue_stats(_link(request), _topology(request), spec))
+
+
+async def healthz(request: Request) -> Response:
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    link = _link(request)
+    problem = await link.check_ready()
+    if problem is not None:
+        raise ApiError(503, "not_ready", problem)
+    return json_response({"status": "ready", "broker_version": link.version})
+
+
+async def openapi(request: Request) -> Response:
+    return json_response(openapi_document())
+
+
+def routes() -> list[BaseRoute]:
+    return [
+        Route("/v1/queues/{queue}/messages", publish, methods=["POST"]),
+        Route("/v1/queues/{queue}/messages/batch", publish_batch, methods=["POST"]),
+        Route("/v1/queues", list_queues, methods=["GET"]),
+        Route("/v1/queues/{queue}/stats", stats, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"], include_in_schema=False),
+    ]

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aio_pika
+import httpx
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+from tests.broker import TestBroker
+from topology import naming
+from topology.model import Topology
+
+
+@pytest.fixture
+def gateway_settings(broker: TestBroker, amqp_url: str) -> GatewaySettings:
+    return GatewaySettings(
+        amqp_url=amqp_url,
+        management_url=broker.management_url,
+        publish_timeout_seconds=5.0,
+        max_body_bytes=64 * 1024,
+        max_batch_messages=20,
+    )
+
+
+@pytest.fixture
+async def client(
+    gateway_settings: GatewaySettings, topology: Topology
+) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client of a gateway whose lifespan is running (topology applied)."""
+    app = create_app(gateway_settings, topology)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+            yield http
+
+
+@pytest.fixture
+async def amqp(amqp_url: str) -> AsyncIterator[AbstractRobustConnection]:
+    """A plain AMQP connection to the test's vhost, for looking at what the broker holds."""
+    connection = await aio_pika.connect_robust(amqp_url)
+    async with connection:
+        yield connection
+
+
+async def queue_depths(connection: AbstractRobustConnection, topology: Topology) -> dict[str, int]:
+    """Ready messages in every queue the topology declares (bands, DLQs, delay levels)."""
+    names = [
+        naming.band_queue(spec.name, band.name)
+        for spec in topology.queues.values()
+        for band in spec.bands
+    ]
+    names += [naming.dead_letter_queue(name) for name in topology.queues]
+    names += [naming.delay_level(topology.exchange, k) for k in range(topology.ladder.levels)]
+    channel = await connection.channel()
+    depths = {}
+    for name in names:
+        queue = await channel.declare_queue(name, passive=True)
+        depths[name] = queue.declaration_result.message_count or 0
+    await channel.close()
+    return depths
