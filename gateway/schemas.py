@@ -43,7 +43,7 @@ class PublishRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     payload: Any = Field(description="any JSON value; delivered to consumers as is")
-    priority: int | str | None = Field(
+    priority: StrictInt | StrictStr | None = Field(
         default=None,
         description="0-9 (9 most urgent) or critical=9, high=7, normal=4, low=2, "
         "background=0; default 4",
@@ -148,7 +148,8 @@ def validation_error(exc: ValidationError, prefix: str = "") -> ApiError:
     if first["type"] == "extra_forbidden":
         return ApiError(422, "unknown_field", f"{field} is not a known field", field)
     message = str(first["msg"]).removeprefix("Value error, ")
-    return ApiError(422, "invalid_field", f"{field}: {message}", field)
+    code = "invalid_priority" if first["loc"][:1] == ("priority",) else "invalid_field"
+    return ApiError(422, code, f"{field}: {message}", field)
 
 
 def parse_publish(data: Any, spec: QueueSpec, topology: Topology, prefix: str = "") -> Envelope:
