@@ -1,0 +1,57 @@
+"""The `bandgate` command line."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Annotated
+
+import typer
+import uvicorn
+
+root = typer.Typer(help="bandgate: a priority-band gateway over RabbitMQ.", no_args_is_help=True)
+
+
+@root.command()
+def gateway(
+    host: Annotated[str | None, typer.Option(help="bind address [BANDGATE_HOST]")] = None,
+    port: Annotated[int | None, typer.Option(help="port [BANDGATE_PORT]")] = None,
+    workers: Annotated[int | None, typer.Option(help="processes [BANDGATE_WORKERS]")] = None,
+) -> None:
+    """Serve the HTTP gateway (configuration from BANDGATE_* variables)."""
+    from gateway.settings import GatewaySettings
+
+    for name, value in (("HOST", host), ("PORT", port), ("WORKERS", workers)):
+        if value is not None:
+            os.environ[f"BANDGATE_{name}"] = str(value)  # worker processes read it too
+    settings = GatewaySettings()
+    uvicorn.run(
+        "gateway.app:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        log_level="info",
+    )
+
+
+@root.command()
+def dev(
+    host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="gateway port")] = 8000,
+) -> None:
+    """Run everything locally: a private RabbitMQ node (unless BANDGATE_AMQP_URL is set),
+    the topology and the gateway."""
+    from gateway.dev import run_dev
+
+    run_dev(host, port)
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    root()
+
+
+__all__ = ["main", "root"]

@@ -1,0 +1,70 @@
+"""The broker goes away under a running gateway, and comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.app import create_app
+from gateway.local_broker import LocalBroker
+from gateway.settings import GatewaySettings
+from topology.model import Topology
+
+pytestmark = [pytest.mark.integration, pytest.mark.fault]
+
+PUBLISH_TIMEOUT = 3.0
+
+
+@pytest.fixture
+def own_node(tmp_path: Path) -> Iterator[LocalBroker]:
+    """A private node for this test alone: it is stopped and started under the gateway."""
+    node = LocalBroker(tmp_path / "node", name="bandgate-fault", plugins=())
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+async def _wait_for(client: httpx.AsyncClient, path: str, status: int, within: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < within:
+        if (await client.get(path)).status_code == status:
+            return time.monotonic() - started
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{path} did not answer {status} within {within} s")
+
+
+async def test_broker_stop_gives_503_and_restart_recovers(
+    own_node: LocalBroker, topology: Topology
+) -> None:
+    settings = GatewaySettings(amqp_url=own_node.amqp_url, publish_timeout_seconds=PUBLISH_TIMEOUT)
+    app = create_app(settings, topology)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            ok = await client.post("/v1/queues/orders/messages", json={"payload": 1})
+            assert ok.status_code == 201
+
+            await asyncio.to_thread(own_node.stop_app)
+            await _wait_for(client, "/readyz", 503, within=10)
+            started = time.monotonic()
+            down = await client.post("/v1/queues/orders/messages", json={"payload": 2})
+            elapsed = time.monotonic() - started
+            assert down.status_code == 503
+            assert down.json()["error"]["code"] in {"broker_unavailable", "confirm_timeout"}
+            assert elapsed <= PUBLISH_TIMEOUT + 0.5
+            stats = await client.get("/v1/queues/orders/stats")
+            assert stats.status_code == 503
+
+            await asyncio.to_thread(own_node.start_app)
+            await _wait_for(client, "/readyz", 200, within=30)
+            again = await client.post("/v1/queues/orders/messages", json={"payload": 3})
+            assert again.status_code == 201, again.text
+            depth = (await client.get("/v1/queues/orders/stats")).json()["bands"][1]["ready"]
+            assert depth == 2  # payloads 1 and 3: the refused one was not enqueued
