@@ -40,7 +40,8 @@ def parse_priority(value: object) -> int:
         name = value.strip().lower()
         if name in ALIASES:
             return ALIASES[name]
-        if name.isdigit():
+        # isdigit() alone accepts '²', which int() then refuses with a bare ValueError.
+        if name.isascii() and name.isdigit():
             return parse_priority(int(name))
         raise PriorityError(f"unknown priority {value!r}: use 0-9 or one of {_alias_list()}")
     raise PriorityError(f"priority must be an integer 0-9 or one of {_alias_list()}")
