@@ -81,6 +81,10 @@ class RetryPolicy(_Frozen):
         return float(min(delay, self.backoff_max_seconds))
 
 
+def _span(low: int, high: int) -> str:
+    return f"priority {low}" if low == high else f"priorities {low}-{high}"
+
+
 def default_bands() -> tuple[Band, ...]:
     return (
         Band(name="hot", priorities=(7, 9)),
@@ -113,6 +117,12 @@ class QueueSpec(_Frozen):
             raise ValueError(f"band names repeat: {', '.join(duplicates)}")
         if "dlq" in names:
             raise ValueError("'dlq' is reserved for the dead-letter queue")
+        for upper, lower in zip(self.bands, self.bands[1:], strict=False):
+            if lower.low > upper.high:
+                raise ValueError(
+                    f"band {lower.name!r} ({lower.low}-{lower.high}) is listed after band "
+                    f"{upper.name!r} ({upper.low}-{upper.high}); list bands hottest first"
+                )
         expected_high = MAX_PRIORITY
         for band in self.bands:
             if band.high > expected_high:
@@ -122,13 +132,13 @@ class QueueSpec(_Frozen):
                 )
             if band.high < expected_high:
                 raise ValueError(
-                    f"priorities {band.high + 1}-{expected_high} belong to no band "
+                    f"no band covers {_span(band.high + 1, expected_high)} "
                     f"(gap above band {band.name!r}); bands must cover 0-9 without gaps"
                 )
             expected_high = band.low - 1
         if expected_high >= MIN_PRIORITY:
             raise ValueError(
-                f"priorities 0-{expected_high} belong to no band; bands must cover 0-9"
+                f"no band covers {_span(MIN_PRIORITY, expected_high)}; bands must cover 0-9"
             )
         if self.bands[0].age_after_seconds is not None:
             raise ValueError(
