@@ -1,0 +1,140 @@
+"""`Message`: what a handler receives, and how a delivery is read into one.
+
+The wire format is spelled in `topology.wire`; this module only reads it back. The band is the
+queue the message was consumed from, not the band of its priority: a message the broker
+promoted by aging (cold -> warm) is handled as `warm`, with `promoted` set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from aio_pika.abc import AbstractIncomingMessage
+
+from consumers.errors import MalformedMessage
+from topology import wire
+from topology.model import Band, QueueSpec
+from topology.priority import MAX_PRIORITY, MIN_PRIORITY
+
+# Quorum queues count returns of a message (consumer crashed, nack with requeue, channel
+# closed) in this header; 0 or absent on a first delivery.
+DELIVERY_COUNT = "x-delivery-count"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Message:
+    """One message as a handler sees it.
+
+    `attempt` counts handler runs that ended in a retry (1 on the first run); `delivery_count`
+    counts how often the broker got it back without an answer (a worker died or shut down).
+    `headers` are the producer's own headers; bandgate's and the broker's are left out.
+    """
+
+    payload: Any
+    queue: str
+    band: str
+    priority: int
+    message_id: str
+    attempt: int = 1
+    headers: Mapping[str, Any] = field(default_factory=dict)
+    partition_key: str | None = None
+    enqueued_at: datetime = field(default_factory=wire.now)
+    redelivered: bool = False
+    delivery_count: int = 0
+    promoted: bool = False
+
+
+def read_message(
+    delivery: AbstractIncomingMessage, spec: QueueSpec, band: Band, *, decode: bool = True
+) -> Message:
+    """The `Message` of a delivery from `band`'s queue; `MalformedMessage` when unreadable.
+
+    With `decode=False` the payload is left as None: enough to dead-letter a malformed message.
+    """
+    headers: Mapping[str, Any] = delivery.headers or {}
+    priority = _priority(delivery.priority, band)
+    return Message(
+        payload=_payload(delivery.body, delivery.content_type) if decode else None,
+        queue=spec.name,
+        band=band.name,
+        priority=priority,
+        message_id=delivery.message_id or _missing_id(delivery),
+        attempt=max(1, _int(headers.get(wire.ATTEMPT), 1)),
+        headers=_producer_headers(headers),
+        partition_key=_text(headers.get(wire.PARTITION_KEY)),
+        enqueued_at=_enqueued_at(headers, delivery.timestamp),
+        redelivered=bool(delivery.redelivered),
+        delivery_count=max(0, _int(headers.get(DELIVERY_COUNT), 0)),
+        promoted=spec.bands.index(band) < spec.bands.index(spec.band_for(priority)),
+    )
+
+
+def _producer_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    # `wire.user_headers` leaves the quorum queue's delivery count in; it is not the producer's.
+    return {
+        name: value for name, value in wire.user_headers(headers).items() if name != DELIVERY_COUNT
+    }
+
+
+def _payload(body: bytes, content_type: str | None) -> Any:
+    # The wire format is JSON. A producer that sends anything else sent a message no retry can
+    # fix; it is dead-lettered with its body and content type intact.
+    if not _is_json(content_type):
+        raise MalformedMessage(f"content type {content_type!r} is not {wire.CONTENT_TYPE}")
+    try:
+        return wire.decode_body(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedMessage(f"the body is not valid JSON: {exc}") from None
+
+
+def _is_json(content_type: str | None) -> bool:
+    if not content_type:
+        return True
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    return media_type == wire.CONTENT_TYPE or media_type.endswith("+json")
+
+
+def _priority(value: int | None, band: Band) -> int:
+    """The AMQP priority, or the band's lowest when a foreign producer left it out."""
+    if value is None:
+        return band.low
+    return min(MAX_PRIORITY, max(MIN_PRIORITY, int(value)))
+
+
+def _missing_id(delivery: AbstractIncomingMessage) -> str:
+    # Not a bandgate message: give it a stable id for logs and dead letters.
+    return f"delivery-{delivery.delivery_tag}-{wire.new_message_id()}"
+
+
+def _enqueued_at(headers: Mapping[str, Any], timestamp: datetime | None) -> datetime:
+    millis = headers.get(wire.ENQUEUED_AT)
+    if isinstance(millis, int | float) and not isinstance(millis, bool):
+        return wire.from_millis(int(millis))
+    if timestamp is not None:
+        return timestamp if timestamp.tzinfo else timestamp.replace(tzinfo=UTC)
+    return wire.now()
+
+
+def _int(value: object, default: int) -> int:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str | bytes):
+        try:
+            return int(value)
+        except ValueError:
+            return default
+    return default
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
