@@ -1,0 +1,133 @@
+"""`ConsumerApp`: the registry of handlers a worker runs, and the `@app.consumer` decorator.
+
+The app owns its settings and topology but reads neither until it needs them: the first
+`@app.consumer` loads the topology, because that is when options are checked (a typo fails at
+import), and nothing connects before `run()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from consumers.dispatch import PolicyName
+from consumers.errors import ConfigurationError
+from consumers.invoke import Handler, is_async
+from consumers.options import DEFAULT_CONCURRENCY, ConsumerOptions, check_options
+from consumers.settings import WorkerSettings
+from topology.model import QueueSpec, Topology
+
+HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """One registered handler with its queue and checked options."""
+
+    handler: Handler
+    spec: QueueSpec
+    options: ConsumerOptions
+
+    @property
+    def name(self) -> str:
+        handler = self.handler
+        module = getattr(handler, "__module__", None)
+        qualname = getattr(handler, "__qualname__", None) or repr(handler)
+        return f"{module}.{qualname}" if module else qualname
+
+    @property
+    def is_async(self) -> bool:
+        return is_async(self.handler)
+
+
+class ConsumerApp:
+    """Handlers for bandgate queues; `bandgate worker module:app` runs them.
+
+    Settings come from `BANDGATE_*` (read on first use) unless given; the topology from the
+    settings' topology file unless given.
+    """
+
+    def __init__(
+        self, settings: WorkerSettings | None = None, *, topology: Topology | None = None
+    ) -> None:
+        self._settings = settings
+        self._topology = topology
+        self._consumers: dict[str, Consumer] = {}
+
+    @property
+    def settings(self) -> WorkerSettings:
+        if self._settings is None:
+            self._settings = WorkerSettings()
+        return self._settings
+
+    @property
+    def topology(self) -> Topology:
+        if self._topology is None:
+            self._topology = self.settings.load_topology()
+        return self._topology
+
+    @property
+    def consumers(self) -> tuple[Consumer, ...]:
+        return tuple(self._consumers.values())
+
+    def consumer_for(self, queue: str) -> Consumer:
+        try:
+            return self._consumers[queue]
+        except KeyError:
+            known = ", ".join(self._consumers) or "none"
+            raise ConfigurationError(
+                f"this app has no consumer for queue {queue!r} (consumers: {known})"
+            ) from None
+
+    def consumer(
+        self,
+        queue: str,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        policy: PolicyName = "strict",
+        time_limit: float | None = None,
+        max_attempts: int | None = None,
+        max_deliveries: int | None = None,
+        prefetch: Mapping[str, int] | None = None,
+    ) -> Callable[[HandlerT], HandlerT]:
+        """Register the decorated function as the handler of `queue`; it is returned unchanged.
+
+        - `concurrency`: handlers running at once (async tasks, or threads for a sync handler).
+        - `policy`: `strict` waterfall, or `weighted` shares per band (the topology's weights).
+        - `time_limit`: seconds; a handler past it is cancelled and the attempt failed.
+        - `max_attempts`, `max_deliveries`: override the queue's retry policy.
+        - `prefetch`: per band name, overrides `consumers.dispatch.default_prefetch`.
+        """
+        spec, options = check_options(
+            self.topology,
+            queue,
+            concurrency=concurrency,
+            policy=policy,
+            time_limit=time_limit,
+            max_attempts=max_attempts,
+            max_deliveries=max_deliveries,
+            prefetch=prefetch,
+        )
+
+        def register(handler: HandlerT) -> HandlerT:
+            if not callable(handler):
+                raise ConfigurationError(f"@consumer({queue!r}) must decorate a function")
+            existing = self._consumers.get(queue)
+            if existing is not None:
+                raise ConfigurationError(
+                    f"@consumer({queue!r}): queue {queue!r} already has a handler, "
+                    f"{existing.name}; one handler per queue and app"
+                )
+            self._consumers[queue] = Consumer(handler, spec, options)
+            return handler
+
+        return register
+
+    def run(self, *, concurrency: int | None = None) -> None:
+        """Run a worker for every consumer until SIGTERM or SIGINT (blocks)."""
+        from consumers.worker import Worker  # the worker needs aio-pika's runtime; import late
+
+        worker = Worker(self, concurrency=concurrency)
+        asyncio.run(worker.serve())

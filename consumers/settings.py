@@ -1,0 +1,36 @@
+"""Worker settings, from `BANDGATE_*` environment variables or arguments (pydantic-settings)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from topology import naming
+from topology.settings import BrokerSettings
+
+
+class WorkerSettings(BrokerSettings):
+    concurrency: int | None = Field(
+        default=None, ge=1, description="handlers run at once per consumer; overrides the code"
+    )
+    shutdown_grace_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description="on SIGTERM, how long running handlers may take to finish before they are "
+        "cancelled and their messages returned",
+    )
+    confirm_timeout_seconds: float = Field(
+        default=5.0, gt=0, description="wait for the broker's confirm of a retry or dead letter"
+    )
+    startup_prime_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        description="at start-up, how long to wait for a band's first prefetch before consuming "
+        "the next colder band (keeps a backlog's start order strict)",
+    )
+    connect_timeout_seconds: float = Field(
+        default=30.0, ge=0, description="at start-up, how long to retry reaching the broker"
+    )
+    declare_topology: bool = Field(
+        default=True, description="apply the topology on start (idempotent)"
+    )
+    connection_name: str = naming.WORKER_CONNECTION
