@@ -1,0 +1,250 @@
+"""Publish throughput and latency: raw aio-pika confirmed publishing vs the gateway.
+
+Raw: one confirm channel, `WINDOW` publishes in flight. Gateway: a gateway process (uvicorn,
+one worker) saturated by wrk (a separate process; `apt-get install wrk`) with `WINDOW`
+connections, one message per request, then 100 per batch request. Latency is measured with
+an async HTTP client at half of each one's own maximum rate (python-side HTTP clients cannot
+saturate the gateway: httpx tops out far below it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aio_pika
+import httpx
+import orjson
+
+from bench.environment import BenchBroker, cpu_seconds
+from bench.http_client import RawHttp
+from gateway.local_broker import free_port
+from topology import naming
+from topology.declare import apply_topology, broker_version
+from topology.loader import load_topology
+
+WINDOW = 64
+BATCH = 100
+PAYLOAD = {"data": "x" * 1000}  # about 1 KiB on the wire
+
+Sender = Callable[[], Awaitable[None]]
+
+
+async def _saturate(send: Sender, count: int, window: int) -> float:
+    """Messages per second with `window` sends in flight."""
+    remaining = count
+
+    async def lane() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            await send()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(lane() for _ in range(window)))
+    return count / (time.perf_counter() - started)
+
+
+async def _paced(send: Sender, rate: float, seconds: float) -> list[float]:
+    """Latencies (ms) of sends issued at a fixed `rate` for `seconds`."""
+    latencies: list[float] = []
+    interval = 1.0 / rate
+    tasks = []
+
+    async def one() -> None:
+        started = time.perf_counter()
+        await send()
+        latencies.append((time.perf_counter() - started) * 1000)
+
+    start = time.perf_counter()
+    n = 0
+    while (now := time.perf_counter()) - start < seconds:
+        due = start + n * interval
+        if due > now:
+            await asyncio.sleep(due - now)
+        tasks.append(asyncio.create_task(one()))
+        n += 1
+    await asyncio.gather(*tasks)
+    return latencies
+
+
+def _wrk(url: str, body: bytes, connections: int, seconds: int = 5) -> float:
+    """Requests per second wrk reaches posting `body` to `url`."""
+    if shutil.which("wrk") is None:
+        raise RuntimeError("wrk is not installed: apt-get install wrk (make bench does)")
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(
+            'wrk.method = "POST"\n'
+            'wrk.headers["Content-Type"] = "application/json"\n'
+            f"wrk.body = {_lua_string(body)}\n"
+            "done = function(summary, latency, requests)\n"
+            '  io.write(string.format("non2xx %d\\n", summary.errors.status))\n'
+            "end\n"
+        )
+    result = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "-s", script.name, url],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    os.unlink(script.name)
+    errors = re.search(r"non2xx (\d+)", result.stdout)
+    if errors and int(errors.group(1)):
+        raise RuntimeError(f"wrk saw {errors.group(1)} failed requests:\n{result.stdout}")
+    match = re.search(r"Requests/sec:\s+([\d.]+)", result.stdout)
+    if match is None:
+        raise RuntimeError(f"unexpected wrk output:\n{result.stdout}")
+    return float(match.group(1))
+
+
+def _lua_string(data: bytes) -> str:
+    return "'" + data.decode().replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _percentiles(latencies: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies)
+    q = statistics.quantiles(ordered, n=100)
+    return {"p50_ms": q[49], "p99_ms": q[98]}
+
+
+async def _purge(url: str, topology_queues: list[str]) -> None:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        for name in topology_queues:
+            queue = await channel.get_queue(name)
+            await queue.purge()
+
+
+def run_publish(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
+    rows = asyncio.run(_raw(broker, messages))
+    port = free_port()
+    env = {
+        **os.environ,
+        "BANDGATE_AMQP_URL": broker.amqp_url,
+        "BANDGATE_DECLARE_TOPOLOGY": "false",
+    }
+    command = [sys.executable, "-m", "uvicorn", "gateway.app:create_app", "--factory"]
+    command += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
+    gateway = subprocess.Popen(command, env=env)
+    try:
+        rows += asyncio.run(_through_gateway(broker, messages, port, gateway.pid, rows[0]["rate"]))
+    finally:
+        gateway.terminate()
+        gateway.wait(10)
+    return rows
+
+
+async def _raw(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
+    topology = load_topology()
+    queues = [naming.band_queue("orders", band.name) for band in topology.queue("orders").bands]
+    connection = await aio_pika.connect(broker.amqp_url)
+    await apply_topology(connection, topology)
+    broker.version = broker_version(connection)
+    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    exchange = await channel.get_exchange(topology.exchange)
+    body = orjson.dumps(PAYLOAD)
+
+    async def raw_send() -> None:
+        message = aio_pika.Message(
+            body,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            priority=8,
+            content_type="application/json",
+        )
+        await exchange.publish(message, naming.routing_key("orders", 8), mandatory=True)
+
+    rows: list[dict[str, Any]] = []
+    await _saturate(raw_send, 500, WINDOW)  # warm-up
+    cpu0 = cpu_seconds(broker.pid)
+    raw_rate = await _saturate(raw_send, messages, WINDOW)
+    raw_cpu = cpu_seconds(broker.pid) - cpu0
+    raw_lat = _percentiles(await _paced(raw_send, raw_rate / 2, 3.0))
+    rows.append(
+        {
+            "name": "raw aio-pika confirmed publish",
+            "rate": raw_rate,
+            "ratio": 1.0,
+            "broker_cpu_s": raw_cpu,
+            **raw_lat,
+        }
+    )
+    await _purge(broker.amqp_url, queues)
+    await connection.close()
+
+    return rows
+
+
+async def _through_gateway(
+    broker: BenchBroker, messages: int, port: int, gateway_pid: int, raw_rate: float
+) -> list[dict[str, Any]]:
+    topology = load_topology()
+    queues = [naming.band_queue("orders", band.name) for band in topology.queue("orders").bands]
+    rows: list[dict[str, Any]] = []
+    limits = httpx.Limits(max_connections=WINDOW, max_keepalive_connections=WINDOW)
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=30
+    ) as http:
+        for _ in range(100):
+            try:
+                if (await http.get("/readyz")).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.1)
+        single_body = orjson.dumps({"payload": PAYLOAD, "priority": 8})
+        batch_body = orjson.dumps({"messages": [{"payload": PAYLOAD, "priority": 8}] * BATCH})
+
+        raw_http = RawHttp("127.0.0.1", port, WINDOW)
+        await raw_http.open()
+
+        async def http_send() -> None:
+            status = await raw_http.post("/v1/queues/orders/messages", single_body)
+            if status != 201:
+                raise RuntimeError(f"publish answered {status}")
+
+        async def batch_send() -> None:
+            status = await raw_http.post("/v1/queues/orders/messages/batch", batch_body)
+            if status != 200:
+                raise RuntimeError(f"batch answered {status}")
+
+        await _saturate(http_send, 300, WINDOW)
+        g0, b0 = cpu_seconds(gateway_pid), cpu_seconds(broker.pid)
+        single_url = f"http://127.0.0.1:{port}/v1/queues/orders/messages"
+        single_rate = await asyncio.to_thread(_wrk, single_url, single_body, WINDOW)
+        gw_cpu, br_cpu = cpu_seconds(gateway_pid) - g0, cpu_seconds(broker.pid) - b0
+        single_lat = _percentiles(await _paced(http_send, single_rate / 2, 3.0))
+        rows.append(
+            {
+                "name": "gateway HTTP, 1 message/request",
+                "rate": single_rate,
+                "ratio": single_rate / raw_rate,
+                "gateway_cpu_s": gw_cpu,
+                "broker_cpu_s": br_cpu,
+                **single_lat,
+            }
+        )
+        await _purge(broker.amqp_url, queues)
+        batch_url = f"http://127.0.0.1:{port}/v1/queues/orders/messages/batch"
+        batch_rate = await asyncio.to_thread(_wrk, batch_url, batch_body, 4) * BATCH
+        batch_lat = _percentiles(await _paced(batch_send, batch_rate / BATCH / 2, 3.0))
+        rows.append(
+            {
+                "name": f"gateway HTTP, batch of {BATCH}",
+                "rate": batch_rate,
+                "ratio": batch_rate / raw_rate,
+                **batch_lat,
+            }
+        )
+        await _purge(broker.amqp_url, queues)
+        await raw_http.close()
+    return rows
