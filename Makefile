@@ -37,6 +37,7 @@ test: setup broker lint
 	$(BIN)/pytest
 
 bench: setup broker
+	@command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk)
 	$(BIN)/python -m bench all
 
 clean:
