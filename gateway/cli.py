@@ -9,7 +9,14 @@ from typing import Annotated
 import typer
 import uvicorn
 
-root = typer.Typer(help="bandgate: a priority-band gateway over RabbitMQ.", no_args_is_help=True)
+from topology.cli import app as topology_app
+
+root = typer.Typer(
+    help="bandgate: a priority-band gateway over RabbitMQ.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,  # locals would print the AMQP URL's password
+)
+root.add_typer(topology_app, name="topology")
 
 
 @root.command()
@@ -40,8 +47,10 @@ def dev(
     host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="gateway port")] = 8000,
 ) -> None:
-    """Run everything locally: a private RabbitMQ node (unless BANDGATE_AMQP_URL is set),
-    the topology and the gateway."""
+    """Run everything locally: a private RabbitMQ node, the topology and the gateway.
+
+    With BANDGATE_AMQP_URL set, that broker is used and no node is started.
+    """
     from gateway.dev import run_dev
 
     run_dev(host, port)
