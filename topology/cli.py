@@ -22,6 +22,7 @@ import httpx
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from topology import naming
@@ -234,7 +235,8 @@ def show(topology: TopologyOption = None) -> None:
     """Print the queues, their bands and RabbitMQ queues, and the delay ladder."""
     settings = _settings(topology)
     model = _load(settings)
-    table = Table(title=f"{settings.topology}: exchange {model.exchange!r}", title_justify="left")
+    title = escape(f"{settings.topology}: exchange {model.exchange!r}")  # a path may hold '['
+    table = Table(title=title, title_justify="left")
     for column in ("Queue", "Band", "Priorities", "RabbitMQ queue", "Type", "Aging", "Retry"):
         table.add_column(column, overflow="fold")
     for spec in model.queues.values():
