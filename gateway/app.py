@@ -16,6 +16,7 @@ from gateway.errors import ApiError, api_error_handler, http_error_handler
 from gateway.middleware import BodyLimitMiddleware
 from gateway.routes import routes
 from gateway.settings import GatewaySettings
+from gateway.telemetry import Telemetry
 from topology.model import Topology
 
 log = logging.getLogger(__name__)
@@ -25,10 +26,12 @@ def create_app(
     settings: GatewaySettings | None = None,
     topology: Topology | None = None,
     connect_wait: float = 5.0,
+    telemetry: Telemetry | None = None,
 ) -> Starlette:
     """Build the gateway. Without arguments, settings come from `BANDGATE_*` (read now) and
     the topology from the settings' file (read when the app starts)."""
     resolved = settings or GatewaySettings()
+    metrics = telemetry or Telemetry(resolved.connection_name)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -41,15 +44,19 @@ def create_app(
             confirm_timeout=resolved.publish_timeout_seconds,
             declare_topology=resolved.declare_topology,
             management_url=resolved.management_url,
+            telemetry=metrics,
         )
         app.state.settings = resolved
         app.state.topology = model
         app.state.link = link
+        app.state.telemetry = metrics
         await link.start(wait=connect_wait)
         try:
             yield
         finally:
             await link.close()
+            if telemetry is None:
+                metrics.shutdown()
 
     middleware = [Middleware(BodyLimitMiddleware, limit=resolved.max_body_bytes)]
     return Starlette(

@@ -16,6 +16,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from gateway.publishing import BrokerUnavailable, ChannelSet, Publisher
+from gateway.telemetry import Telemetry
 from topology import naming
 from topology.declare import TopologyConflictError, apply_topology, broker_version
 from topology.loader import TopologyError
@@ -36,6 +37,7 @@ class BrokerLink:
         confirm_timeout: float = 5.0,
         declare_topology: bool = True,
         management_url: str | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.amqp_url = amqp_url
         self.topology = topology
@@ -46,7 +48,7 @@ class BrokerLink:
         )
         self.connection: AbstractRobustConnection | None = None
         self.channels = ChannelSet(self._open_confirm_channel, channel_pool_size)
-        self.publisher = Publisher(topology, self.channels, confirm_timeout)
+        self.publisher = Publisher(topology, self.channels, confirm_timeout, telemetry)
         self.problem: str | None = "not connected yet"
         self._task: asyncio.Task[None] | None = None
 

@@ -44,7 +44,19 @@ def error_response(error: ApiError) -> Response:
 
 async def api_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
+    count_rejected(request, exc.code)
     return error_response(exc)
+
+
+def count_rejected(request: Request, code: str, amount: int = 1) -> None:
+    """Count a refused request by reason; unknown queue names are not used as labels."""
+    telemetry = getattr(request.app.state, "telemetry", None)
+    if telemetry is None:
+        return
+    queue = request.path_params.get("queue")
+    if queue not in request.app.state.topology.queues:
+        queue = "-"
+    telemetry.rejected.add(amount, {"queue": queue, "reason": code})
 
 
 _HTTP_CODES = {
@@ -58,4 +70,5 @@ async def http_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     headers = dict(exc.headers) if exc.headers else None
+    count_rejected(request, code)
     return error_response(ApiError(exc.status_code, code, str(exc.detail), headers=headers))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,7 +19,9 @@ from datetime import datetime
 import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel
+from opentelemetry import trace
 
+from gateway.telemetry import Telemetry, inject_context
 from topology import naming, wire
 from topology.model import Topology
 from topology.wire import Envelope
@@ -104,10 +107,18 @@ def confirm_channel_factory(connection: aio_pika.abc.AbstractConnection) -> Chan
 
 
 class Publisher:
-    def __init__(self, topology: Topology, channels: ChannelSet, confirm_timeout: float = 5.0):
+    def __init__(
+        self,
+        topology: Topology,
+        channels: ChannelSet,
+        confirm_timeout: float = 5.0,
+        telemetry: Telemetry | None = None,
+    ) -> None:
         self.topology = topology
         self.channels = channels
         self.confirm_timeout = confirm_timeout
+        self.telemetry = telemetry
+        self._tracer = telemetry.tracer if telemetry else trace.get_tracer("bandgate")
 
     async def publish(self, envelope: Envelope) -> Published:
         """Publish to the envelope's band, through the delay ladder when it is not yet due."""
@@ -119,7 +130,25 @@ class Publisher:
             key = naming.routing_key(envelope.queue, envelope.priority)
         else:
             exchange, key = route.exchange, route.routing_key
-        await self._send(exchange, key, wire.encode(envelope))
+        attributes: dict[str, str | int] = {
+            "messaging.system": "rabbitmq",
+            "messaging.destination.name": envelope.queue,
+            "messaging.message.id": envelope.message_id,
+            "bandgate.band": band.name,
+            "bandgate.priority": envelope.priority,
+            "bandgate.attempt": envelope.attempt,
+        }
+        with self._tracer.start_as_current_span(
+            f"publish {envelope.queue}", kind=trace.SpanKind.PRODUCER, attributes=attributes
+        ):
+            message = wire.encode(envelope)
+            inject_context(message.headers)
+            started = time.perf_counter()
+            await self._send(exchange, key, message)
+        if self.telemetry is not None:
+            labels = {"queue": envelope.queue, "band": band.name}
+            self.telemetry.published.add(1, labels)
+            self.telemetry.publish_duration.record(time.perf_counter() - started, labels)
         return Published(
             message_id=envelope.message_id,
             queue=envelope.queue,

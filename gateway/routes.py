@@ -12,12 +12,13 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from gateway.broker import BrokerLink
-from gateway.errors import ApiError
+from gateway.errors import ApiError, count_rejected
 from gateway.openapi import openapi_document
 from gateway.publishing import BrokerRejected, Published, PublishFailure
 from gateway.schemas import BatchRequest, parse_publish, validation_error
 from gateway.settings import GatewaySettings
 from gateway.stats import describe_queue, queue_stats
+from gateway.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
 from topology.model import QueueSpec, Topology, UnknownQueueError
 from topology.wire import Envelope
 
@@ -133,6 +134,8 @@ async def publish_batch(request: Request) -> Response:
             successful.append({"index": index, **published_body(result)})
         else:
             failed.append({"index": index, "error": failure_error(result).body()})
+    for item in failed:
+        count_rejected(request, item["error"]["code"])
     failed.sort(key=lambda item: item["index"])
     return json_response({"successful": successful, "failed": failed})
 
@@ -159,6 +162,11 @@ async def readyz(request: Request) -> Response:
     return json_response({"status": "ready", "broker_version": link.version})
 
 
+async def metrics(request: Request) -> Response:
+    telemetry: Telemetry = request.app.state.telemetry
+    return Response(telemetry.prometheus_text(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+
 async def openapi(request: Request) -> Response:
     return json_response(openapi_document())
 
@@ -171,5 +179,6 @@ def routes() -> list[BaseRoute]:
         Route("/v1/queues/{queue}/stats", stats, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"], include_in_schema=False),
     ]
