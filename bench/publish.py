@@ -132,6 +132,7 @@ def run_publish(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
         **os.environ,
         "BANDGATE_AMQP_URL": broker.amqp_url,
         "BANDGATE_DECLARE_TOPOLOGY": "false",
+        "BANDGATE_AUTH_ENABLED": "false",
     }
     command = [sys.executable, "-m", "uvicorn", "gateway.app:create_app", "--factory"]
     command += ["--port", str(port), "--log-level", "warning", "--no-access-log"]

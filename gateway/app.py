@@ -11,6 +11,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 
+from gateway.auth import Authenticator, AuthMiddleware
 from gateway.broker import BrokerLink
 from gateway.errors import ApiError, api_error_handler, http_error_handler
 from gateway.middleware import BodyLimitMiddleware
@@ -58,7 +59,18 @@ def create_app(
             if telemetry is None:
                 metrics.shutdown()
 
-    middleware = [Middleware(BodyLimitMiddleware, limit=resolved.max_body_bytes)]
+    authenticator = Authenticator(
+        resolved.tokens,
+        enabled=resolved.auth_enabled,
+        rate_per_second=resolved.rate_limit_per_second,
+        burst=resolved.rate_limit_burst,
+    )
+    if not resolved.auth_enabled:
+        log.warning("authentication is disabled: anyone who can reach the gateway may publish")
+    middleware = [
+        Middleware(AuthMiddleware, authenticator=authenticator),
+        Middleware(BodyLimitMiddleware, limit=resolved.max_body_bytes),
+    ]
     return Starlette(
         routes=routes(),
         middleware=middleware,

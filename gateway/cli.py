@@ -56,6 +56,31 @@ def dev(
     run_dev(host, port)
 
 
+@root.command()
+def token(
+    name: Annotated[str, typer.Option(help="who uses it, e.g. orders-api")],
+    scope: Annotated[
+        list[str], typer.Option(help="publish:<queue>, read:<queue> (queue or *), or admin")
+    ],
+) -> None:
+    """Make a new API token: prints the secret once, and the entry for BANDGATE_TOKENS."""
+    import json
+
+    from pydantic import ValidationError
+
+    from gateway.auth import TokenSpec, hash_token, new_token
+
+    secret = new_token()
+    try:
+        spec = TokenSpec(name=name, sha256=hash_token(secret), scopes=tuple(scope))
+    except ValidationError as exc:
+        typer.echo(f"error: {exc.errors()[0]['msg'].removeprefix('Value error, ')}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"token (shown once, give it to {name}): {secret}")
+    typer.echo("entry for BANDGATE_TOKENS (a JSON list of these):")
+    typer.echo(json.dumps(spec.model_dump(exclude_none=True)))
+
+
 def main() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -80,7 +80,7 @@ def run_dev(host: str, port: int) -> None:
         os.environ.setdefault("BANDGATE_MANAGEMENT_URL", node.management_url)
     try:
         # The topology was just applied; the gateway need not declare it again.
-        settings = GatewaySettings(host=host, port=port, declare_topology=False)
+        settings = GatewaySettings(host=host, port=port, declare_topology=False, auth_enabled=False)
         topology = settings.load_topology()
         version = asyncio.run(_apply(settings, topology))
         console.print(
@@ -93,6 +93,7 @@ def run_dev(host: str, port: int) -> None:
         if settings.management_url:
             mgmt = settings.management_url.replace("guest:guest@", "")
             console.print(f"  management UI  {mgmt}  (guest / guest)")
+        console.print("  authentication is OFF for local development (bandgate gateway has it on)")
         console.print("  Ctrl-C stops the gateway" + (" and the node" if node else ""))
         app = create_app(settings, topology)
         uvicorn.run(app, host=host, port=port, log_level="info")

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from gateway.auth import Principal, authorize
 from gateway.broker import BrokerLink
 from gateway.errors import ApiError, count_rejected
 from gateway.openapi import openapi_document
@@ -88,6 +89,7 @@ def _ensure_connected(link: BrokerLink) -> None:
 
 
 async def publish(request: Request) -> Response:
+    authorize(request, "publish", request.path_params["queue"])
     spec = _queue(request)
     data = await _json_body(request)
     envelope = parse_publish(data, spec, _topology(request))
@@ -101,6 +103,7 @@ async def publish(request: Request) -> Response:
 
 
 async def publish_batch(request: Request) -> Response:
+    authorize(request, "publish", request.path_params["queue"])
     spec = _queue(request)
     data = await _json_body(request)
     if not isinstance(data, dict):
@@ -141,11 +144,17 @@ async def publish_batch(request: Request) -> Response:
 
 
 async def list_queues(request: Request) -> Response:
-    topology = _topology(request)
-    return json_response({"queues": [describe_queue(q) for q in topology.queues.values()]})
+    principal: Principal = request.state.principal
+    visible = [
+        describe_queue(spec)
+        for spec in _topology(request).queues.values()
+        if principal.may("read", spec.name) or principal.may("publish", spec.name)
+    ]
+    return json_response({"queues": visible})
 
 
 async def stats(request: Request) -> Response:
+    authorize(request, "read", request.path_params["queue"])
     spec = _queue(request)
     return json_response(await queue_stats(_link(request), _topology(request), spec))
 

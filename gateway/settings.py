@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from gateway.auth import TokenSpec
 from topology.settings import BrokerSettings
 
 
@@ -21,3 +22,15 @@ class GatewaySettings(BrokerSettings):
         default=True, description="apply the topology on connect (idempotent)"
     )
     connection_name: str = "bandgate-gateway"
+    auth_enabled: bool = Field(
+        default=True, description="require bearer tokens on /v1/ (bandgate dev turns it off)"
+    )
+    tokens: tuple[TokenSpec, ...] = Field(
+        default=(),
+        description='JSON list of {"name", "sha256", "scopes", "rate_per_second"}; '
+        "`bandgate token new` prints one",
+    )
+    rate_limit_per_second: float | None = Field(
+        default=None, gt=0, description="default per-token request rate (per process)"
+    )
+    rate_limit_burst: int = Field(default=100, ge=1, description="token bucket size")

@@ -22,6 +22,7 @@ def gateway_settings(broker: TestBroker, amqp_url: str) -> GatewaySettings:
         publish_timeout_seconds=5.0,
         max_body_bytes=64 * 1024,
         max_batch_messages=20,
+        auth_enabled=False,
     )
 
 

@@ -43,7 +43,9 @@ async def _wait_for(client: httpx.AsyncClient, path: str, status: int, within: f
 async def test_broker_stop_gives_503_and_restart_recovers(
     own_node: LocalBroker, topology: Topology
 ) -> None:
-    settings = GatewaySettings(amqp_url=own_node.amqp_url, publish_timeout_seconds=PUBLISH_TIMEOUT)
+    settings = GatewaySettings(
+        amqp_url=own_node.amqp_url, publish_timeout_seconds=PUBLISH_TIMEOUT, auth_enabled=False
+    )
     app = create_app(settings, topology)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
