@@ -46,9 +46,9 @@ class ConfirmTimeout(PublishFailure):
 
 
 class BrokerRejected(PublishFailure):
-    """The broker nacked the message (for example a band full with reject-publish)."""
+    """The broker nacked the message: a band at its max-length (reject-publish)."""
 
-    code = "broker_rejected"
+    code = "queue_full"
 
 
 class Unroutable(PublishFailure):
@@ -195,7 +195,7 @@ class Publisher:
             ) from None
         except aiormq.exceptions.DeliveryError:
             raise BrokerRejected(
-                "the broker refused the message (nack): the band may be full"
+                "the broker refused the message (nack): its band is at its max-length; retry later"
             ) from None
         except aiormq.exceptions.ChannelNotFoundEntity:
             raise Unroutable(

@@ -78,8 +78,10 @@ def published_body(result: Published) -> dict[str, Any]:
 
 
 def failure_error(failure: PublishFailure) -> ApiError:
+    """A publish the broker did not confirm. A nack means a band at its max-length
+    (reject-publish): the client should slow down, so 429; anything else is 503."""
     if isinstance(failure, BrokerRejected):
-        return ApiError(503, failure.code, str(failure), headers={"Retry-After": "1"})
+        return ApiError(429, failure.code, str(failure), headers={"Retry-After": "1"})
     return ApiError(503, failure.code, str(failure))
 
 
