@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 import aio_pika
 import httpx
 import pytest
-from aio_pika.abc import AbstractRobustConnection
+from aio_pika.abc import AbstractConnection, AbstractRobustConnection
 
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
@@ -46,7 +46,7 @@ async def amqp(amqp_url: str) -> AsyncIterator[AbstractRobustConnection]:
         yield connection
 
 
-async def queue_depths(connection: AbstractRobustConnection, topology: Topology) -> dict[str, int]:
+async def queue_depths(connection: AbstractConnection, topology: Topology) -> dict[str, int]:
     """Ready messages in every queue the topology declares (bands, DLQs, delay levels)."""
     names = [
         naming.band_queue(spec.name, band.name)
