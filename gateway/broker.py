@@ -25,6 +25,10 @@ from topology.model import Topology
 
 log = logging.getLogger(__name__)
 
+# aio-pika waits 5 s between reconnect attempts by default; a gateway should be back
+# within about a second of the broker.
+RECONNECT_INTERVAL_SECONDS = 1.0
+
 
 class BrokerLink:
     def __init__(
@@ -80,6 +84,7 @@ class BrokerLink:
                     self.amqp_url,
                     client_properties={"connection_name": self.connection_name},
                     timeout=10,
+                    reconnect_interval=RECONNECT_INTERVAL_SECONDS,
                 )
             except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:
                 self.problem = f"cannot connect to the broker: {exc}"
