@@ -6,7 +6,9 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+import aio_pika
 import httpx
 import pytest
 
@@ -14,6 +16,7 @@ from gateway.app import create_app
 from gateway.local_broker import LocalBroker
 from gateway.settings import GatewaySettings
 from tests.broker import TestBroker
+from tests.proxy import CuttableProxy
 from topology.loader import parse_topology
 from topology.model import Topology
 
@@ -115,3 +118,48 @@ async def test_full_band_answers_429_and_keeps_what_it_confirmed(
             assert cold.status_code == 201  # other bands are unaffected
             stats = (await client.get("/v1/queues/orders/stats")).json()
             assert [band["ready"] for band in stats["bands"]] == [accepted, 1]
+
+
+@pytest.mark.fault
+async def test_cut_connection_gives_503_then_recovers_without_loss(
+    broker: TestBroker, amqp_url: str, topology: Topology
+) -> None:
+    parts = urlsplit(amqp_url)
+    proxy = await CuttableProxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
+    proxied = urlunsplit(parts._replace(netloc=f"guest:guest@127.0.0.1:{proxy.port}"))
+    settings = GatewaySettings(
+        amqp_url=proxied, publish_timeout_seconds=PUBLISH_TIMEOUT, auth_enabled=False
+    )
+    app = create_app(settings, topology)
+    confirmed: list[int] = []
+    try:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+
+                async def publish(n: int) -> int:
+                    response = await client.post(
+                        "/v1/queues/orders/messages", json={"payload": n, "priority": 8}
+                    )
+                    if response.status_code == 201:
+                        confirmed.append(n)
+                    return response.status_code
+
+                assert await publish(0) == 201
+                proxy.cut()
+                await _wait_for(client, "/readyz", 503, within=10)
+                during = [await publish(n) for n in range(1, 4)]
+                assert during == [503, 503, 503]
+                proxy.restore()
+                await _wait_for(client, "/readyz", 200, within=15)
+                assert await publish(4) == 201
+    finally:
+        await proxy.close()
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue("orders.hot", passive=True)
+        held = []
+        while (message := await queue.get(no_ack=True, fail=False)) is not None:
+            held.append(int(message.body))
+    assert held == confirmed == [0, 4]
