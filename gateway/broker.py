@@ -62,6 +62,21 @@ class BrokerLink:
         return connection is not None and not connection.is_closed and connection.connected.is_set()
 
     @property
+    def blocked(self) -> bool:
+        """True while the broker blocks publishing (a memory or disk alarm).
+
+        aiormq tracks Connection.Blocked/Unblocked but keeps it private; a publish on a
+        blocked connection waits for the whole confirm timeout, so the gateway checks first
+        and answers 503 at once. If aiormq renames the attribute this reads False and the
+        publish times out instead, still with a 503.
+        """
+        transport = self.connection.transport if self.connection else None
+        if transport is None:
+            return False
+        unblocked = getattr(transport.connection, "_Connection__connection_unblocked", None)
+        return isinstance(unblocked, asyncio.Event) and not unblocked.is_set()
+
+    @property
     def version(self) -> str:
         return broker_version(self.connection) if self.connection else "unknown"
 
@@ -127,6 +142,8 @@ class BrokerLink:
         """None when the broker is connected and the topology present, else the reason."""
         if self.connection is None or not self.connected:
             return self.problem or "not connected to the broker"
+        if self.blocked:
+            return "the broker blocks publishing (memory or disk alarm)"
         try:
             channel = await self.connection.channel(publisher_confirms=False)
         except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:

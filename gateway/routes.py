@@ -88,6 +88,13 @@ def failure_error(failure: PublishFailure) -> ApiError:
 def _ensure_connected(link: BrokerLink) -> None:
     if not link.connected:
         raise ApiError(503, "broker_unavailable", link.problem or "not connected to the broker")
+    if link.blocked:
+        raise ApiError(
+            503,
+            "broker_blocked",
+            "the broker blocks publishing (a memory or disk alarm); retry later",
+            headers={"Retry-After": "5"},
+        )
 
 
 async def publish(request: Request) -> Response:

@@ -163,3 +163,36 @@ async def test_cut_connection_gives_503_then_recovers_without_loss(
         while (message := await queue.get(no_ack=True, fail=False)) is not None:
             held.append(int(message.body))
     assert held == confirmed == [0, 4]
+
+
+@pytest.mark.fault
+async def test_memory_alarm_answers_503_at_once(own_node: LocalBroker, topology: Topology) -> None:
+    settings = GatewaySettings(
+        amqp_url=own_node.amqp_url, publish_timeout_seconds=5.0, auth_enabled=False
+    )
+    app = create_app(settings, topology)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            assert (
+                await client.post("/v1/queues/orders/messages", json={"payload": 1})
+            ).status_code == 201
+            await asyncio.to_thread(own_node.ctl, "set_vm_memory_high_watermark", "absolute", "1")
+            try:
+                # RabbitMQ blocks a connection when it next publishes: that first publish
+                # waits for its confirm until the timeout; from then on the gateway knows.
+                first = await client.post("/v1/queues/orders/messages", json={"payload": 2})
+                assert first.status_code == 503
+                await _wait_for(client, "/readyz", 503, within=10)
+                started = time.monotonic()
+                blocked = await client.post("/v1/queues/orders/messages", json={"payload": 3})
+                assert time.monotonic() - started < 1.0
+                assert blocked.status_code == 503
+                assert blocked.json()["error"]["code"] == "broker_blocked"
+                assert blocked.headers["retry-after"] == "5"
+            finally:
+                await asyncio.to_thread(own_node.ctl, "set_vm_memory_high_watermark", "0.4")
+            await _wait_for(client, "/readyz", 200, within=10)
+            assert (
+                await client.post("/v1/queues/orders/messages", json={"payload": 3})
+            ).status_code == 201
