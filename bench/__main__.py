@@ -1,40 +1,68 @@
-"""`python -m bench [publish|all]`: benchmarks against the raw aio-pika client, same run."""
+"""`python -m bench [publish|delay|all]`: benchmarks against the raw aio-pika client, in one
+run on one broker, printed as tables and written as JSON under bench/results/."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from bench.environment import bench_broker
+from bench.delay import run_delay
+from bench.environment import BenchBroker, bench_broker
 from bench.publish import run_publish
 
 RESULTS = Path("bench/results")
 
+Runner = Callable[[BenchBroker, argparse.Namespace], list[dict[str, Any]]]
+BENCHMARKS: dict[str, Runner] = {
+    "publish": lambda broker, args: run_publish(broker, args.messages),
+    "delay": lambda broker, args: run_delay(broker),
+}
+
+
+def table(title: str, rows: list[dict[str, Any]]) -> str:
+    columns = [key for key in rows[0] if key != "name"]
+    width = max(len(row["name"]) for row in rows) + 2
+    lines = [title, f"{'':<{width}}" + "".join(f"{c:>14}" for c in columns)]
+    for row in rows:
+        cells = "".join(_cell(row.get(c)) for c in columns)
+        lines.append(f"{row['name']:<{width}}{cells}")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:>14.2f}" if abs(value) < 100 else f"{value:>14.0f}"
+    return f"{value!s:>14}"
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("which", choices=["publish", "all"], nargs="?", default="all")
+    parser.add_argument("which", choices=[*BENCHMARKS, "all"], nargs="?", default="all")
     parser.add_argument("--messages", type=int, default=5000)
     args = parser.parse_args()
+    chosen = list(BENCHMARKS) if args.which == "all" else [args.which]
+    results: dict[str, list[dict[str, Any]]] = {}
     with bench_broker() as broker:
-        rows = run_publish(broker, args.messages)
-    header = f"{'benchmark':<34}{'msg/s':>10}{'ratio':>8}{'p50 ms':>9}{'p99 ms':>9}"
-    print(header)
-    print("-" * len(header))
-    for row in rows:
-        print(
-            f"{row['name']:<34}{row['rate']:>10.0f}{row['ratio']:>8.2f}"
-            f"{row.get('p50_ms', float('nan')):>9.1f}{row.get('p99_ms', float('nan')):>9.1f}"
-        )
+        for name in chosen:
+            results[name] = BENCHMARKS[name](broker, args)
+            print(table(name, results[name]), end="\n\n", flush=True)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    meta = {
+        "date": stamp,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+        "broker": f"RabbitMQ {broker.version}",
+        "command": f"python -m bench {args.which}",
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = RESULTS / f"publish-{stamp}.json"
-    meta = {"date": stamp, "machine": platform.platform(), "broker": broker.version}
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    print(f"\n{meta}\nwritten {out}")
+    out = RESULTS / f"{args.which}-{stamp.replace(':', '')}.json"
+    out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    print(json.dumps(meta), f"\nwritten {out}")
 
 
 if __name__ == "__main__":
