@@ -48,7 +48,7 @@ class PublishRequest(BaseModel):
         description="0-9 (9 most urgent) or critical=9, high=7, normal=4, low=2, "
         "background=0; default 4",
     )
-    delay_seconds: Annotated[float, Field(ge=0)] | None = Field(
+    delay_seconds: Annotated[float, Field(ge=0, strict=True)] | None = Field(
         default=None, description="deliver after this many seconds"
     )
     deliver_at: datetime | None = Field(
@@ -140,7 +140,10 @@ class BatchResponse(BaseModel):
 def validation_error(exc: ValidationError, prefix: str = "") -> ApiError:
     """The first problem of a pydantic error, as a 422 naming the field."""
     first = exc.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or None
+    loc = first["loc"]
+    # Name the field (and the header, for headers), not pydantic's union member tags.
+    parts = loc[:2] if loc[:1] == ("headers",) else loc[:1]
+    field = ".".join(str(part) for part in parts) or None
     if prefix:
         field = f"{prefix}.{field}" if field else prefix
     if first["type"] == "missing":
@@ -148,7 +151,7 @@ def validation_error(exc: ValidationError, prefix: str = "") -> ApiError:
     if first["type"] == "extra_forbidden":
         return ApiError(422, "unknown_field", f"{field} is not a known field", field)
     message = str(first["msg"]).removeprefix("Value error, ")
-    code = "invalid_priority" if first["loc"][:1] == ("priority",) else "invalid_field"
+    code = "invalid_priority" if loc[:1] == ("priority",) else "invalid_field"
     return ApiError(422, code, f"{field}: {message}", field)
 
 
