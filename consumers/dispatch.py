@@ -14,41 +14,47 @@ hand, lets the policy pick the band:
 Messages with the same partition key in one band start one at a time, in order: a message whose
 key is running is not "at hand", and the next one in the buffer may start instead.
 
-Prefetch and the inversion window (strict)
--------------------------------------------
+Prefetch, refills and the inversion window (strict)
+---------------------------------------------------
 The broker counts a band's prefetch `P` against the messages the worker holds, running ones
-included. So a band can never run more than `P` messages at once, and its buffer holds
-`P - running` messages, minus the refills still on the wire. Defaults (`default_prefetch`):
+included: a band never runs more than `P` messages at once, and its buffer holds `P - running`
+minus the refills not yet arrived. The broker sends a refill only after it has processed an ack;
+on a quorum queue that is a Raft commit, which takes about 1 ms idle but was seen to stall for
+20-40 ms on a busy two-core machine. Defaults (`default_prefetch`, `C` = concurrency, `d` =
+handler duration, `R` = refill latency from ack to next delivery):
 
-- every band but the coldest: `P = 2C`. Even with all `C` slots on that band, `C` more messages
-  wait at hand, so the band does not look empty while the broker still holds its messages, as
-  long as a refill (one round trip, RTT) arrives before `P - C` handlers finish:
-  `d > RTT * C / (P - C)`, i.e. `d > RTT` with `P = 2C` (`d`: handler duration). For handlers
-  faster than a round trip, raise the prefetch.
+- every band but the coldest: `P = 2C`. With all `C` slots on the band, `C` more messages wait
+  at hand, enough while `d > R * C / (P - C)` (`d > R` at `P = 2C`).
 - the coldest band: `P = max(2, C // 4)`. Background work never holds more than that many slots,
-  so hotter work always finds a free slot at once, even under a huge cold backlog (a prototype of
-  this shape measured hot p99 of 4.5-8 ms under 50 000 cold messages). The price: a cold-only
-  load runs at most `P` handlers at a time. Override with `prefetch={"cold": n}`.
+  so hotter work finds a free slot at once even under a huge cold backlog (a prototype of this
+  shape measured hot p99 of 4.5-8 ms under 50 000 cold messages). The price: a cold-only load
+  runs at most `P` handlers at a time. Override per band with `prefetch={"cold": n}`.
+- refill wait `H` (`WorkerSettings.refill_wait_seconds`, 0.1 s): a band that had a backlog at
+  hand and runs dry keeps its claim on free slots for up to `H`, because its refill is most
+  likely on the way; the worker asks the broker at once (passive declare) and drops the claim
+  when the band is really empty. This covers refill stalls shorter than `H + d`.
 
-An inversion is a colder message starting while a hotter one is ready on the broker. Given the
-condition above, it can only happen in the delivery latency `L` (about half a round trip) after a
-hotter message becomes ready in a band that was empty: until it arrives, free slots take what is
-at hand. Each slot frees at most once in that time (a refill needs a full round trip), and only
-messages already held can start, so for band `i` the inversion window is
+An inversion is a colder message starting while a hotter one is ready on the broker. With the
+above, it happens only (a) in the delivery latency `L` (about half a round trip) after a hotter
+message becomes ready in a band that was idle, or (b) when a refill stalls longer than `H + d`.
+In either window free slots take what is at hand; a slot frees at most once in `L` and only
+messages already held can start, so per such event the inversion window of band `i` is
 
-    W_i = min(C, sum of P_j over the bands j colder than i)      messages per such event,
+    W_i = min(C, sum of P_j over the bands j colder than i)    messages,
 
 and about `C * L / d` on average (a fraction of a message for handlers of a few milliseconds).
-With the defaults and three bands, `W_hot = min(C, 2C + max(2, C // 4)) = C`, and
-`W_warm = max(2, C // 4)`. At start-up the worker consumes the bands hottest first and waits
-for each band's first prefetch to arrive before consuming the next, so a backlog present at
-start-up adds no inversion (unless that wait times out). `weighted` has no such window: it
-starts colder messages on purpose, at their share.
+With the defaults and three bands, `W_hot = min(C, 2C + max(2, C // 4)) = C` and
+`W_warm = max(2, C // 4)`. At start-up the worker consumes the bands hottest first, waits for
+each band's first prefetch to arrive, and only then starts dispatching, so a backlog present at
+start-up adds no inversion (unless that wait, `startup_prime_seconds`, times out). `weighted`
+has no such window: it starts colder messages on purpose, at their share.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Generic, Literal, Protocol, TypeVar, get_args
@@ -60,26 +66,36 @@ T = TypeVar("T")
 
 
 class Policy(Protocol):
-    def pick(self, available: Sequence[bool]) -> int:
-        """The index of the band to start next; `available` holds at least one True."""
+    def peek(self, candidates: Sequence[bool]) -> int:
+        """The band that would go next among the True ones (at least one), changing nothing."""
+        ...
+
+    def commit(self, candidates: Sequence[bool], chosen: int) -> None:
+        """Record that `chosen` (the result of `peek(candidates)`) started a message."""
         ...
 
 
 class StrictPolicy:
     """The hottest band with a message at hand."""
 
-    def pick(self, available: Sequence[bool]) -> int:
-        return list(available).index(True)
+    def peek(self, candidates: Sequence[bool]) -> int:
+        return list(candidates).index(True)
+
+    def commit(self, candidates: Sequence[bool], chosen: int) -> None:
+        pass
+
+    def pick(self, candidates: Sequence[bool]) -> int:
+        return self.peek(candidates)
 
 
 class WeightedPolicy:
     """Smooth weighted round robin (as in nginx) over the bands that have work at hand.
 
-    Each pick adds every available band's weight to its credit, starts the band with the most
-    credit and takes the total of the available weights from it. Over any run of picks with the
-    same bands available, each band's share of starts is its share of the weights, and the
-    picks interleave instead of coming in bursts. Bands without work take no part, so an idle
-    band neither saves up credit nor blocks the others.
+    Each start adds every candidate band's weight to its credit, starts the band with the most
+    credit and takes the total of the candidates' weights from it. Over any run of starts with
+    the same candidates, each band's share is its share of the weights, and the starts
+    interleave instead of coming in bursts. Bands without work take no part, so an idle band
+    neither saves up credit nor blocks the others.
     """
 
     def __init__(self, weights: Sequence[float]) -> None:
@@ -88,20 +104,31 @@ class WeightedPolicy:
         self.weights = tuple(float(weight) for weight in weights)
         self._credit = [0.0] * len(self.weights)
 
-    def pick(self, available: Sequence[bool]) -> int:
+    def peek(self, candidates: Sequence[bool]) -> int:
         best = -1
-        total = 0.0
-        for index, ready in enumerate(available):
-            if not ready:
-                continue
-            self._credit[index] += self.weights[index]
-            total += self.weights[index]
-            if best < 0 or self._credit[index] > self._credit[best]:
+        for index, candidate in enumerate(candidates):
+            if candidate and (
+                best < 0
+                or self._credit[index] + self.weights[index]
+                > self._credit[best] + self.weights[best]
+            ):
                 best = index
         if best < 0:
-            raise ValueError("no band is available")
-        self._credit[best] -= total
+            raise ValueError("no band is a candidate")
         return best
+
+    def commit(self, candidates: Sequence[bool], chosen: int) -> None:
+        total = 0.0
+        for index, candidate in enumerate(candidates):
+            if candidate:
+                self._credit[index] += self.weights[index]
+                total += self.weights[index]
+        self._credit[chosen] -= total
+
+    def pick(self, candidates: Sequence[bool]) -> int:
+        chosen = self.peek(candidates)
+        self.commit(candidates, chosen)
+        return chosen
 
 
 def make_policy(name: PolicyName, weights: Sequence[float]) -> Policy:
@@ -133,6 +160,16 @@ class Dispatcher(Generic[T]):
 
     Pure bookkeeping on one event loop: the AMQP consumers `put()` what arrives, the run loop
     `take()`s, and `done()` frees the slot when the message is settled.
+
+    Refill wait: a band that had a backlog at hand (a delivery found its buffer non-empty)
+    and then ran dry is most likely waiting for a refill, not empty on the broker: the broker
+    sends the next message only once it has processed an ack, which on a quorum queue means a
+    Raft commit, and that was seen to stall for tens of milliseconds on a busy machine. For up
+    to `refill_wait` seconds after it ran dry, such a band still counts as a candidate: when
+    the policy would pick it, the free slot waits for its next delivery instead of starting
+    colder work. A band whose messages arrive one at a time (no backlog) never makes anybody
+    wait. When a backlog really ended, `on_dry(band)` lets the owner ask the broker and call
+    `settle(band)`, so colder work does not wait out the full `refill_wait`.
     """
 
     def __init__(
@@ -141,15 +178,23 @@ class Dispatcher(Generic[T]):
         policy: Policy,
         concurrency: int,
         key: Callable[[T], str | None] = lambda _: None,
+        refill_wait: float = 0.0,
+        on_dry: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.concurrency = concurrency
+        self.refill_wait = refill_wait
         self._policy = policy
         self._key = key
+        self._on_dry = on_dry
+        self._clock = clock
         self._buffers: list[deque[T]] = [deque() for _ in range(bands)]
         self._running = 0
         self._busy_keys: set[tuple[int, str]] = set()
+        self._backlog = [False] * bands  # a delivery found the buffer non-empty
+        self._dry_since: list[float | None] = [None] * bands  # backlog buffer ran dry at
         self._changed = asyncio.Event()
         self._closed = False
 
@@ -167,7 +212,17 @@ class Dispatcher(Generic[T]):
         return len(self._buffers[band])
 
     def put(self, band: int, item: T) -> None:
-        self._buffers[band].append(item)
+        buffer = self._buffers[band]
+        if buffer:
+            self._backlog[band] = True
+        buffer.append(item)
+        self._dry_since[band] = None
+        self._changed.set()
+
+    def settle(self, band: int) -> None:
+        """The broker holds nothing more for `band` right now: stop waiting for a refill."""
+        self._backlog[band] = False
+        self._dry_since[band] = None
         self._changed.set()
 
     def done(self, band: int, item: T) -> None:
@@ -178,20 +233,43 @@ class Dispatcher(Generic[T]):
             self._busy_keys.discard((band, key))
         self._changed.set()
 
+    def waiting_for_refill(self) -> list[int]:
+        """Bands a free slot would wait for now (ran dry after a backlog, within the wait)."""
+        now = self._clock()
+        waiting = []
+        for band, dry_since in enumerate(self._dry_since):
+            if dry_since is None:
+                continue
+            if now - dry_since < self.refill_wait:
+                waiting.append(band)
+            else:
+                self._backlog[band] = False  # the backlog ended: stop waiting for it
+                self._dry_since[band] = None
+        return waiting
+
     def take_nowait(self) -> tuple[int, T] | None:
-        """Claim a slot for the message the policy picks, or None (no slot or nothing at hand)."""
+        """Claim a slot for the message the policy picks, or None (no slot, nothing at hand,
+        or the pick is a band still waiting for its refill)."""
         if self._closed or self._running >= self.concurrency:
             return None
         positions = [self._first_at_hand(band) for band in range(len(self._buffers))]
-        available = [position is not None for position in positions]
-        if not any(available):
+        candidates = [position is not None for position in positions]
+        if not any(candidates):
             return None
-        band = self._policy.pick(available)
+        for band in self.waiting_for_refill():
+            candidates[band] = True
+        band = self._policy.peek(candidates)
         position = positions[band]
-        assert position is not None
+        if position is None:
+            return None  # wait for the refill of a band the policy prefers
+        self._policy.commit(candidates, band)
         buffer = self._buffers[band]
         item = buffer[position]
         del buffer[position]
+        if not buffer and self._backlog[band] and self.refill_wait > 0:
+            self._dry_since[band] = self._clock()
+            if self._on_dry is not None:
+                self._on_dry(band)  # e.g. ask the broker whether more is coming
         self._running += 1
         key = self._key(item)
         if key is not None:
@@ -207,7 +285,9 @@ class Dispatcher(Generic[T]):
             if taken is not None:
                 return taken
             self._changed.clear()
-            await self._changed.wait()
+            # Wake up when something changes, or when a refill wait runs out.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), self._next_refill_deadline())
 
     def close(self) -> list[tuple[int, T]]:
         """Stop handing out messages; return every buffered one (band, item), to give back."""
@@ -222,11 +302,17 @@ class Dispatcher(Generic[T]):
         """Drop buffered items for which `stale` is true (e.g. their channel is gone)."""
         dropped: list[T] = []
         for buffer in self._buffers:
-            keep = [item for item in buffer if not stale(item)]
-            dropped.extend(item for item in buffer if stale(item))
+            kept = deque(item for item in buffer if not stale(item))
+            dropped.extend(item for item in buffer if item not in kept)
             buffer.clear()
-            buffer.extend(keep)
+            buffer.extend(kept)
         return dropped
+
+    def _next_refill_deadline(self) -> float | None:
+        waits = [since for since in self._dry_since if since is not None]
+        if not waits:
+            return None
+        return max(0.0, min(waits) + self.refill_wait - self._clock())
 
     def _first_at_hand(self, band: int) -> int | None:
         # The first item of a key is its oldest, so skipping busy keys keeps per-key order.

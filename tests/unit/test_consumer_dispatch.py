@@ -161,3 +161,80 @@ def test_discard_drops_stale_items_only() -> None:
 def test_concurrency_must_be_positive() -> None:
     with pytest.raises(ValueError, match="concurrency"):
         Dispatcher(1, StrictPolicy(), 0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def refilling(clock: Clock, dry: list[int] | None = None) -> Dispatcher[Item]:
+    return Dispatcher(
+        3,
+        StrictPolicy(),
+        4,
+        key=lambda item: item[1],
+        refill_wait=0.1,
+        on_dry=None if dry is None else dry.append,
+        clock=clock,
+    )
+
+
+def test_a_backlogged_band_that_runs_dry_keeps_its_claim_for_the_refill_wait() -> None:
+    clock, dry = Clock(), list[int]()
+    work = refilling(clock, dry)
+    work.put(0, ("hot-1", None))
+    work.put(0, ("hot-2", None))  # found the buffer non-empty: a backlog
+    work.put(2, ("cold-1", None))
+    assert work.take_nowait() == (0, ("hot-1", None))
+    assert work.take_nowait() == (0, ("hot-2", None))
+    assert dry == [0]  # the owner is asked to check the broker
+    assert work.take_nowait() is None  # the hot refill is probably on its way
+    assert work.waiting_for_refill() == [0]
+    clock.now += 0.05
+    work.put(0, ("hot-3", None))  # and here it is
+    assert work.take_nowait() == (0, ("hot-3", None))
+    assert work.take_nowait() is None  # dry again, a fresh wait
+    clock.now += 0.11
+    assert work.take_nowait() == (2, ("cold-1", None))  # the wait ran out
+    assert work.waiting_for_refill() == []
+
+
+def test_a_band_without_backlog_makes_nobody_wait() -> None:
+    work = refilling(Clock())
+    work.put(0, ("hot-1", None))
+    assert work.take_nowait() == (0, ("hot-1", None))
+    work.put(2, ("cold-1", None))
+    assert work.take_nowait() == (2, ("cold-1", None))
+
+
+def test_settle_ends_the_wait_when_the_broker_has_nothing_more() -> None:
+    work = refilling(Clock())
+    for name in ("hot-1", "hot-2", "cold-1"):
+        work.put(2 if name.startswith("cold") else 0, (name, None))
+    assert work.take_nowait() is not None
+    assert work.take_nowait() is not None
+    assert work.take_nowait() is None
+    work.settle(0)
+    assert work.take_nowait() == (2, ("cold-1", None))
+
+
+async def test_take_wakes_up_when_the_refill_wait_runs_out() -> None:
+    work: Dispatcher[Item] = Dispatcher(3, StrictPolicy(), 4, refill_wait=0.05)
+    work.put(0, ("hot-1", None))
+    work.put(0, ("hot-2", None))
+    work.put(1, ("warm-1", None))
+    assert (await work.take())[0] == 0
+    assert (await work.take())[0] == 0
+    assert await asyncio.wait_for(work.take(), 1) == (1, ("warm-1", None))
+
+
+def test_weighted_peek_changes_nothing_until_commit() -> None:
+    policy = WeightedPolicy([2, 1])
+    assert policy.peek([True, True]) == 0
+    assert policy.peek([True, True]) == 0
+    policy.commit([True, True], 0)
+    assert policy.peek([True, True]) == 1
