@@ -27,6 +27,12 @@ class WorkerSettings(BrokerSettings):
         description="at start-up, how long to wait for a band's first prefetch before consuming "
         "the next colder band (keeps a backlog's start order strict)",
     )
+    refill_wait_seconds: float = Field(
+        default=0.1,
+        ge=0,
+        description="how long a free slot waits for a backlogged hotter band's refill before "
+        "it starts colder work (quorum queues can take tens of ms to process an ack)",
+    )
     connect_timeout_seconds: float = Field(
         default=30.0, ge=0, description="at start-up, how long to retry reaching the broker"
     )

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from asyncio import FIRST_COMPLETED
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from consumers.app import ConsumerApp
+from consumers.worker import Worker
 from tests.broker import TestBroker, session_broker
 from topology.loader import parse_topology
 from topology.model import Topology
@@ -43,3 +47,28 @@ def topology() -> Topology:
             },
         }
     )
+
+
+@pytest.fixture
+async def start_worker() -> AsyncIterator[Callable[[ConsumerApp], Awaitable[Worker]]]:
+    """Start an in-process consumer worker for an app; each one is stopped after the test."""
+    started: list[tuple[Worker, asyncio.Task[None]]] = []
+
+    async def start(app: ConsumerApp) -> Worker:
+        worker = Worker(app)
+        task = asyncio.create_task(worker.run())
+        ready = asyncio.create_task(worker.ready.wait())
+        done, _ = await asyncio.wait({task, ready}, timeout=30, return_when=FIRST_COMPLETED)
+        if ready not in done:
+            ready.cancel()
+            if task in done:
+                task.result()  # it failed to start: show why
+            task.cancel()
+            raise TimeoutError("the worker was not ready within 30 s")
+        started.append((worker, task))
+        return worker
+
+    yield start
+    for worker, task in started:
+        worker.stop()
+        await asyncio.wait_for(task, 30)

@@ -1,0 +1,5 @@
+"""`python -m consumers module:app`: the `bandgate worker` command on its own."""
+
+from consumers.cli import main
+
+main()

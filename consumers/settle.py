@@ -1,0 +1,106 @@
+"""Settling a delivery on the broker: ack, or publish a copy (confirmed) and then ack.
+
+The copy is always confirmed before the original is acked, so a failure anywhere on this path
+can duplicate a message but never lose one: when the copy is not confirmed, the original is
+returned to its band instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+import aiormq
+from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.exceptions import ChannelInvalidStateError, MessageProcessError
+
+from consumers.message import Message
+from consumers.outcome import Ack, DeadLetter, Outcome, RetryLater
+from consumers.republish import dead_letter_message, retry_envelope
+from gateway.publishing import Publisher, PublishFailure
+from topology import wire
+from topology.model import Band
+
+log = logging.getLogger(__name__)
+
+# What settling can fail with once the channel a delivery came on is gone. The broker has
+# then returned the message to its band already; it will be delivered again.
+_CHANNEL_GONE = (
+    ChannelInvalidStateError,
+    MessageProcessError,
+    aiormq.exceptions.AMQPError,
+    ConnectionError,
+    RuntimeError,
+)
+
+
+class Settler:
+    def __init__(self, publisher: Publisher, clock: Callable[[], datetime] = wire.now) -> None:
+        self.publisher = publisher
+        self.clock = clock
+
+    async def settle(
+        self, delivery: AbstractIncomingMessage, message: Message, band: Band, outcome: Outcome
+    ) -> bool:
+        """Carry out `outcome`; False when the delivery went back to the broker instead."""
+        if isinstance(outcome, RetryLater):
+            envelope = retry_envelope(
+                delivery.body, delivery.headers, message, band, outcome, self.clock()
+            )
+            try:
+                await self.publisher.publish(envelope)
+            except PublishFailure as exc:
+                log.error(
+                    "could not publish the retry of message %s (%s); returning it to %s.%s",
+                    message.message_id,
+                    exc,
+                    message.queue,
+                    band.name,
+                )
+                await self.give_back(delivery)
+                return False
+        elif isinstance(outcome, DeadLetter):
+            copy = dead_letter_message(
+                delivery.body,
+                delivery.headers,
+                delivery.content_type,
+                message,
+                outcome,
+                self.clock(),
+            )
+            try:
+                await self.publisher.dead_letter(copy, message.queue)
+            except PublishFailure as exc:
+                log.error(
+                    "could not dead-letter message %s (%s); returning it to %s.%s",
+                    message.message_id,
+                    exc,
+                    message.queue,
+                    band.name,
+                )
+                await self.give_back(delivery)
+                return False
+        else:
+            assert isinstance(outcome, Ack)
+        return await self.ack(delivery, message.message_id)
+
+    async def ack(self, delivery: AbstractIncomingMessage, message_id: str) -> bool:
+        try:
+            await delivery.ack()
+        except _CHANNEL_GONE as exc:
+            log.warning(
+                "could not ack message %s (%r): its channel is gone, the broker will deliver "
+                "it again",
+                message_id,
+                exc,
+            )
+            return False
+        return True
+
+    async def give_back(self, delivery: AbstractIncomingMessage) -> None:
+        """Return an unsettled delivery to its band (nack with requeue)."""
+        try:
+            await delivery.nack(requeue=True)
+        except _CHANNEL_GONE as exc:
+            log.debug("delivery %s was returned with its channel: %r", delivery.message_id, exc)

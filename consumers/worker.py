@@ -1,0 +1,199 @@
+"""The worker process: one connection, a runner per consumer, signals and a clean shutdown.
+
+Shutdown (SIGTERM or SIGINT): cancel the band consumers so nothing new arrives, give back what
+was buffered but not started, let running handlers finish for up to the grace period, then
+cancel the rest (their messages go back to their bands) and close the channels and the
+connection. A second signal skips the rest of the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable
+
+import aio_pika
+from aio_pika.abc import AbstractRobustConnection
+
+from consumers.app import ConsumerApp
+from consumers.errors import ConsumerError
+from consumers.runner import ConsumerRunner
+from consumers.settings import WorkerSettings
+from consumers.settle import Settler
+from gateway.publishing import ChannelSet, Publisher, confirm_channel_factory
+from topology.declare import apply_topology
+
+log = logging.getLogger(__name__)
+
+CONNECT_RETRY_SECONDS = 1.0
+
+
+class Worker:
+    """Runs every consumer of an app; `run()` until `stop()`, `serve()` until a signal."""
+
+    def __init__(
+        self,
+        app: ConsumerApp,
+        *,
+        concurrency: int | None = None,
+        settings: WorkerSettings | None = None,
+    ) -> None:
+        self.app = app
+        self.settings = settings or app.settings
+        self.concurrency = concurrency or self.settings.concurrency
+        self.ready = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self.runners: list[ConsumerRunner] = []
+        self._stop = asyncio.Event()
+        self._hurry = asyncio.Event()
+
+    def stop(self, *, hurry: bool = False) -> None:
+        """Begin the shutdown; with `hurry`, do not wait for running handlers."""
+        self._stop.set()
+        if hurry:
+            self._hurry.set()
+
+    async def serve(self) -> None:
+        """`run()` with SIGTERM and SIGINT wired to `stop()`."""
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGTERM, signal.SIGINT)
+        for signum in signals:
+            loop.add_signal_handler(signum, self._on_signal, signum)
+        try:
+            await self.run()
+        finally:
+            for signum in signals:
+                loop.remove_signal_handler(signum)
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self._stop.is_set():
+            log.warning("%s again: not waiting for running handlers", name)
+            self.stop(hurry=True)
+        else:
+            log.info(
+                "%s: stopping (running handlers get %g s to finish)",
+                name,
+                self.settings.shutdown_grace_seconds,
+            )
+            self.stop()
+
+    async def run(self) -> None:
+        """Connect, consume until `stop()`, shut down; `ready` and `stopped` mark the way."""
+        consumers = self.app.consumers
+        if not consumers:
+            raise ConsumerError("the app has no consumers: decorate a handler with @app.consumer")
+        topology = self.app.topology
+        connection = await self._connect()
+        channels = ChannelSet(confirm_channel_factory(connection))
+        try:
+            if self.settings.declare_topology:
+                await apply_topology(connection, topology)
+            publisher = Publisher(topology, channels, self.settings.confirm_timeout_seconds)
+            settler = Settler(publisher)
+            self.runners = [
+                ConsumerRunner(
+                    consumer,
+                    connection,
+                    settler,
+                    concurrency=self.concurrency,
+                    prime_timeout=self.settings.startup_prime_seconds,
+                    refill_wait=self.settings.refill_wait_seconds,
+                )
+                for consumer in consumers
+            ]
+            loops: set[asyncio.Task[None]] = set()
+            try:
+                # Dispatch once every band is consumed and primed, so the first starts already
+                # see all bands (strict order; weighted shares from the first message on).
+                starting = asyncio.gather(*(runner.start() for runner in self.runners))
+                await _first_of(starting, self._stop)
+                if not self._stop.is_set():
+                    loops = {asyncio.create_task(runner.run()) for runner in self.runners}
+                    self.ready.set()
+                    log.info("worker ready: %d consumer(s)", len(self.runners))
+                    stopped = asyncio.create_task(self._stop.wait())
+                    done, _ = await asyncio.wait(
+                        {stopped, *loops}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    stopped.cancel()
+                    for loop in done & loops:
+                        loop.result()  # a run loop only ends early on a bug: raise it
+            finally:
+                await self._shutdown()
+                for loop in loops:
+                    loop.cancel()
+                await asyncio.gather(*loops, return_exceptions=True)
+        finally:
+            await channels.close()
+            await connection.close()
+            self.stopped.set()
+            log.info("worker stopped")
+
+    async def _connect(self) -> AbstractRobustConnection:
+        """Connect, retrying while the broker is not up yet (a worker may start before it)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.connect_timeout_seconds
+        while True:
+            try:
+                return await aio_pika.connect_robust(
+                    self.settings.amqp_url,
+                    client_properties={"connection_name": self.settings.connection_name},
+                )
+            except (ConnectionError, OSError, aio_pika.exceptions.AMQPConnectionError) as exc:
+                if loop.time() + CONNECT_RETRY_SECONDS > deadline or self._stop.is_set():
+                    raise ConsumerError(f"cannot connect to the broker: {exc}") from exc
+                log.warning("cannot connect to the broker yet (%s); retrying", exc)
+                await _first_of(asyncio.sleep(CONNECT_RETRY_SECONDS), self._stop)
+
+    async def _shutdown(self) -> None:
+        for runner in self.runners:
+            await runner.stop_consuming()
+        pending: set[asyncio.Task[object]] = {
+            task for runner in self.runners for task in runner.in_flight
+        }
+        if pending:
+            log.info("waiting for %d running handler(s)", len(pending))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.settings.shutdown_grace_seconds
+            hurry: asyncio.Task[object] = asyncio.create_task(self._hurry.wait())
+            try:
+                while pending and not self._hurry.is_set() and loop.time() < deadline:
+                    _, pending = await asyncio.wait(
+                        pending | {hurry},
+                        timeout=deadline - loop.time(),
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    pending.discard(hurry)
+            finally:
+                hurry.cancel()
+            if pending:
+                log.warning(
+                    "cancelling %d handler(s) still running; their messages are returned",
+                    len(pending),
+                )
+        for runner in self.runners:
+            await runner.abort()
+            await runner.close()
+
+
+async def _first_of(awaitable: Awaitable[object], event: asyncio.Event) -> bool:
+    """Await `awaitable` until it is done or `event` is set; True if it is done.
+
+    When the event comes first, the awaitable is cancelled.
+    """
+    work = asyncio.ensure_future(awaitable)
+    waiter = asyncio.create_task(event.wait())
+    try:
+        done, _ = await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if work in done:
+        work.result()
+        return True
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await work
+    return False

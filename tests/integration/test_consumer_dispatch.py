@@ -1,0 +1,182 @@
+"""Waterfall, weighted shares and aging, on a real broker with an in-process worker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractConnection
+
+from consumers import ConsumerApp, Message
+from consumers.dispatch import inversion_window
+from consumers.settings import WorkerSettings
+from consumers.worker import Worker
+from gateway.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
+from topology import naming
+from topology.declare import apply_topology
+from topology.loader import parse_topology
+from topology.model import Topology
+from topology.wire import Envelope
+
+pytestmark = pytest.mark.integration
+
+StartWorker = Callable[[ConsumerApp], Awaitable[Worker]]
+BACKLOG = 300  # per band
+HANDLER_SECONDS = 0.005  # above an idle refill (~1 ms); stalls are what the refill wait is for
+
+
+async def publish_backlog(connection: AbstractConnection, topology: Topology) -> None:
+    """300 cold, then 300 warm, then 300 hot: broker arrival order is the reverse of urgency."""
+    publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
+    envelopes = [
+        Envelope(queue="orders", payload={"n": n}, priority=priority)
+        for priority in (1, 5, 8)
+        for n in range(BACKLOG)
+    ]
+    results = await publisher.publish_many(envelopes)
+    assert all(isinstance(result, Published) for result in results)
+    await publisher.channels.close()
+
+
+def colder_before_last(order: Sequence[int], band: int) -> int:
+    """How many messages of bands colder than `band` started before its last message did."""
+    last = max(index for index, started in enumerate(order) if started == band)
+    return sum(1 for started in order[:last] if started > band)
+
+
+async def test_a_backlog_starts_in_waterfall_order(
+    amqp_url: str, topology: Topology, start_worker: StartWorker
+) -> None:
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        await apply_topology(connection, topology)
+        await publish_backlog(connection, topology)
+
+        app = ConsumerApp(WorkerSettings(amqp_url=amqp_url), topology=topology)
+        ranks = {band.name: index for index, band in enumerate(topology.queue("orders").bands)}
+        order: list[int] = []
+        all_started = asyncio.Event()
+
+        @app.consumer("orders", concurrency=8)
+        async def handle(msg: Message) -> None:
+            order.append(ranks[msg.band])
+            if len(order) == 3 * BACKLOG:
+                all_started.set()
+            await asyncio.sleep(HANDLER_SECONDS)
+
+        started = time.monotonic()
+        await start_worker(app)
+        await asyncio.wait_for(all_started.wait(), 60)
+        elapsed = time.monotonic() - started
+
+    consumer = app.consumer_for("orders")
+    prefetch = consumer.options.prefetch(consumer.spec)
+    assert prefetch == (16, 16, 2)
+    hot_window = inversion_window(8, prefetch, band=0)  # min(8, 16 + 2) = 8
+    warm_window = inversion_window(8, prefetch, band=1)  # min(8, 2) = 2
+    ahead_of_hot = colder_before_last(order, 0)
+    ahead_of_warm = colder_before_last(order, 1)
+    print(
+        f"900 started in {elapsed:.2f} s; started ahead of a hotter message: "
+        f"{ahead_of_hot} ahead of hot (window {hot_window}), "
+        f"{ahead_of_warm} ahead of warm (window {warm_window})"
+    )
+    assert Counter(order) == {0: BACKLOG, 1: BACKLOG, 2: BACKLOG}
+    assert ahead_of_hot <= hot_window
+    assert ahead_of_warm <= warm_window
+
+
+async def test_weighted_shares_under_saturation(
+    amqp_url: str, topology: Topology, start_worker: StartWorker
+) -> None:
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        await apply_topology(connection, topology)
+        await publish_backlog(connection, topology)
+
+        app = ConsumerApp(WorkerSettings(amqp_url=amqp_url), topology=topology)
+        bands = [band.name for band in topology.queue("orders").bands]
+        # While every band still has a backlog: hot (4/7 of starts) runs out after ~525.
+        window = 350
+        order: list[str] = []
+        enough = asyncio.Event()
+
+        @app.consumer("orders", concurrency=8, policy="weighted")
+        async def handle(msg: Message) -> None:
+            order.append(msg.band)
+            if len(order) == window:
+                enough.set()
+            await asyncio.sleep(HANDLER_SECONDS)
+
+        await start_worker(app)
+        await asyncio.wait_for(enough.wait(), 60)
+
+    weights = topology.queue("orders").weights()
+    counts = Counter(order[:window])
+    shares = {band: counts[band] / window for band in bands}
+    expected = {band: weight / sum(weights) for band, weight in zip(bands, weights, strict=True)}
+    print("weighted shares", {band: round(share, 3) for band, share in shares.items()})
+    for band in bands:
+        assert shares[band] == pytest.approx(expected[band], rel=0.10), band
+
+
+async def test_a_cold_message_left_waiting_is_promoted_and_handled_as_warm(
+    amqp_url: str, start_worker: StartWorker
+) -> None:
+    topology = parse_topology(
+        {
+            "delay": {"base_ms": 50, "levels": 4},
+            "queues": {
+                "orders": {
+                    "bands": [
+                        {"name": "hot", "priorities": [7, 9]},
+                        {"name": "warm", "priorities": [4, 6]},
+                        {"name": "cold", "priorities": [0, 3], "age_after_seconds": 2},
+                    ]
+                }
+            },
+        }
+    )
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        await apply_topology(connection, topology)
+        publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
+        published = await publisher.publish(
+            Envelope(queue="orders", payload="old news", priority=1)
+        )
+        assert published.band == "cold"
+        channel = await connection.channel()
+        # Nobody consumes: the broker moves it by itself (band TTL + dead-letter to warm).
+        deadline = time.monotonic() + 10
+        while True:
+            warm = await channel.declare_queue(naming.band_queue("orders", "warm"), passive=True)
+            if warm.declaration_result.message_count == 1:
+                break
+            assert time.monotonic() < deadline, "the cold message was not promoted within 10 s"
+            await asyncio.sleep(0.1)
+        waited = time.time() - published.enqueued_at.timestamp()
+        cold = await channel.declare_queue(naming.band_queue("orders", "cold"), passive=True)
+        assert cold.declaration_result.message_count == 0
+
+        app = ConsumerApp(WorkerSettings(amqp_url=amqp_url), topology=topology)
+        handled: asyncio.Queue[Message] = asyncio.Queue()
+
+        @app.consumer("orders")
+        async def handle(msg: Message) -> None:
+            await handled.put(msg)
+
+        await start_worker(app)
+        message = await asyncio.wait_for(handled.get(), 10)
+        await publisher.channels.close()
+
+    print(f"promoted after {waited:.2f} s")
+    assert waited >= 2
+    assert message.message_id == published.message_id
+    assert message.payload == "old news"
+    assert message.band == "warm"
+    assert message.priority == 1
+    assert message.promoted
