@@ -1,18 +1,55 @@
-"""Queue statistics read from the broker: per band ready and consumers over AMQP (passive
-declares), unacked from the management API when one is configured."""
+"""Queue statistics read from the broker.
+
+Per band: ready and consumers over AMQP (passive declares, always current); unacked and the age
+of the message at the head of the band from the management API when one is configured (its
+figures are refreshed every few seconds). The head's age needs the broker to track it: classic
+queues report `head_message_timestamp` (bandgate sets the AMQP timestamp on every message);
+quorum queues on 3.x do not, and their age is null.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, TypedDict
 
 import aiormq
 import httpx
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from gateway.broker import BrokerLink
 from gateway.errors import ApiError
-from topology import naming
+from topology import naming, wire
+from topology.management import ManagementClient
 from topology.model import QueueSpec, Topology
+
+
+class BandStats(TypedDict):
+    band: str
+    queue: str
+    priorities: list[int]
+    ready: int | None
+    unacked: int | None
+    consumers: int | None
+    oldest_ready_age_seconds: float | None
+
+
+class QueueStats(TypedDict):
+    queue: str
+    bands: list[BandStats]
+    ready: int
+    delayed: int
+    delayed_scope: str  # "deployment": the delay ladder is shared by every queue
+    dead_lettered: int | None
+
+
+class StatsError(Exception):
+    """The broker could not be asked; `code` is the API error code to answer with."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def describe_queue(spec: QueueSpec) -> dict[str, Any]:
@@ -33,61 +70,118 @@ def describe_queue(spec: QueueSpec) -> dict[str, Any]:
     }
 
 
-async def queue_stats(link: BrokerLink, topology: Topology, spec: QueueSpec) -> dict[str, Any]:
-    """Counts for one logical queue. `delayed` is the whole deployment's delay ladder, which
-    all queues share; `unacked` is null without a management URL."""
-    if link.connection is None or not link.connected:
-        raise ApiError(503, "broker_unavailable", link.problem or "not connected to the broker")
-    unacked = await _unacked_by_queue(link)
+async def collect_queue_stats(
+    connection: AbstractConnection,
+    topology: Topology,
+    spec: QueueSpec,
+    management: ManagementClient | None = None,
+    now: datetime | None = None,
+) -> QueueStats:
+    """Counts for one logical queue; raises `StatsError` when the broker cannot answer.
+
+    `delayed` counts the whole deployment's delay ladder, which all queues share.
+    """
+    details = await _management_view(management)
     try:
-        channel = await link.connection.channel(publisher_confirms=False)
+        channel = await connection.channel(publisher_confirms=False)
     except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
-        raise ApiError(503, "broker_unavailable", f"cannot open a channel: {exc}") from None
+        raise StatsError("broker_unavailable", f"cannot open a channel: {exc}") from None
     try:
-        bands = []
+        bands: list[BandStats] = []
         for band in spec.bands:
             name = naming.band_queue(spec.name, band.name)
-            queue = await channel.get_queue(name, ensure=True)
-            result = queue.declaration_result
+            ready, consumers = await _counts(channel, name)
+            view = details.get(name) if details is not None else None
             bands.append(
-                {
-                    "band": band.name,
-                    "queue": name,
-                    "priorities": list(band.priorities),
-                    "ready": result.message_count,
-                    "unacked": unacked.get(name) if unacked is not None else None,
-                    "consumers": result.consumer_count,
-                }
+                BandStats(
+                    band=band.name,
+                    queue=name,
+                    priorities=list(band.priorities),
+                    ready=ready,
+                    unacked=_unacked(view) if details is not None else None,
+                    consumers=consumers,
+                    oldest_ready_age_seconds=head_age_seconds(view, ready, now or wire.now()),
+                )
             )
         delayed = 0
         for level in range(topology.ladder.levels):
-            queue = await channel.get_queue(naming.delay_level(topology.exchange, level))
-            delayed += queue.declaration_result.message_count or 0
-        dlq = await channel.get_queue(naming.dead_letter_queue(spec.name))
-        dead = dlq.declaration_result.message_count
+            waiting, _ = await _counts(channel, naming.delay_level(topology.exchange, level))
+            delayed += waiting
+        dead, _ = await _counts(channel, naming.dead_letter_queue(spec.name))
     except aiormq.exceptions.ChannelNotFoundEntity as exc:
-        raise ApiError(503, "topology_missing", f"topology missing on the broker: {exc}") from None
+        raise StatsError("topology_missing", f"topology missing on the broker: {exc}") from None
     except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
-        raise ApiError(503, "broker_unavailable", f"broker error: {exc}") from None
+        raise StatsError("broker_unavailable", f"broker error: {exc}") from None
     finally:
         if not channel.is_closed:
             with contextlib.suppress(Exception):
                 await channel.close()
-    return {
-        "queue": spec.name,
-        "bands": bands,
-        "ready": sum(band["ready"] or 0 for band in bands),
-        "delayed": delayed,
-        "delayed_scope": "deployment",
-        "dead_lettered": dead,
-    }
+    return QueueStats(
+        queue=spec.name,
+        bands=bands,
+        ready=sum(band["ready"] or 0 for band in bands),
+        delayed=delayed,
+        delayed_scope="deployment",
+        dead_lettered=dead,
+    )
 
 
-async def _unacked_by_queue(link: BrokerLink) -> dict[str, int] | None:
-    if link.management is None:
+async def queue_stats(link: BrokerLink, topology: Topology, spec: QueueSpec) -> QueueStats:
+    """`collect_queue_stats` over the gateway's broker link, failures as API errors (503)."""
+    if link.connection is None or not link.connected:
+        raise ApiError(503, "broker_unavailable", link.problem or "not connected to the broker")
+    try:
+        return await collect_queue_stats(link.connection, topology, spec, link.management)
+    except StatsError as exc:
+        raise ApiError(503, exc.code, str(exc)) from None
+
+
+def head_age_seconds(
+    view: Mapping[str, Any] | None, ready: int | None, now: datetime
+) -> float | None:
+    """Age of the message at the head of a queue, from the management API's view of it.
+
+    None when the queue is empty or the broker does not track it (`head_message_timestamp`
+    is seconds since the epoch, the AMQP timestamp of the head message).
+    """
+    if view is None or not ready:
+        return None
+    stamp = view.get("head_message_timestamp")
+    if not isinstance(stamp, int | float) or isinstance(stamp, bool):
+        return None
+    return max(0.0, round(now.timestamp() - float(stamp), 3))
+
+
+async def _counts(channel: AbstractChannel, name: str) -> tuple[int, int]:
+    queue = await channel.get_queue(name, ensure=True)
+    result = queue.declaration_result
+    return int(result.message_count or 0), int(result.consumer_count or 0)
+
+
+def _unacked(view: Mapping[str, Any] | None) -> int | None:
+    if view is None:
+        return None
+    value = view.get("messages_unacknowledged")
+    return int(value) if isinstance(value, int) else None
+
+
+async def _management_view(management: ManagementClient | None) -> dict[str, dict[str, Any]] | None:
+    """The management API's view of every queue in the vhost, by name; None without one."""
+    if management is None:
         return None
     try:
-        queues = await link.management.queues()
+        queues = await management.queues()
     except (httpx.HTTPError, ValueError):
         return None
-    return {item["name"]: int(item.get("messages_unacknowledged", 0)) for item in queues}
+    return {item["name"]: item for item in queues if isinstance(item, dict) and "name" in item}
+
+
+__all__ = [
+    "BandStats",
+    "QueueStats",
+    "StatsError",
+    "collect_queue_stats",
+    "describe_queue",
+    "head_age_seconds",
+    "queue_stats",
+]
