@@ -1,0 +1,119 @@
+"""`bandgate doctor` and `check_broker` against the test session's RabbitMQ (3.10 here)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from urllib.parse import quote
+
+import aio_pika
+import pytest
+from typer.testing import CliRunner
+
+from gateway.ops_cli import app
+from tests.broker import TestBroker
+from tests.integration.test_dead_letters import write_topology
+from topology.declare import apply_topology, parse_version
+from topology.doctor import BrokerReport, check_broker
+from topology.management import vhost_of
+from topology.model import Topology
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1", "BANDGATE_MANAGEMENT_URL": None})
+
+
+async def checked(amqp_url: str, topology: Topology, management_url: str | None) -> BrokerReport:
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        return await check_broker(connection, topology, management_url, vhost_of(amqp_url))
+
+
+async def applied(amqp_url: str, topology: Topology) -> None:
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        await apply_topology(connection, topology)
+
+
+def test_doctor_reports_the_version_and_fifo_within_band(
+    runner: CliRunner, broker: TestBroker, amqp_url: str, topology: Topology, tmp_path: Path
+) -> None:
+    asyncio.run(applied(amqp_url, topology))
+    args = ["doctor", "--topology", str(write_topology(topology, tmp_path)), "--amqp-url", amqp_url]
+    result = runner.invoke(app, [*args, "--management-url", broker.management_url])
+    assert result.exit_code == 0, result.output
+    report = asyncio.run(checked(amqp_url, topology, broker.management_url))
+    assert result.stdout.startswith(f"RabbitMQ {report.version} on Erlang ")
+    assert f"management API {report.version}" in result.stdout
+    assert "guest" not in result.stdout
+    rows = {line.split()[1]: line for line in result.stdout.splitlines() if line.startswith("│")}
+    if parse_version(report.version) < (4, 0):
+        assert "│ quorum  │ FIFO within band " in rows["orders.hot"]
+    assert "│ classic │ exact priority within band " in rows["emails.cold"]
+    assert "Across bands: waterfall" in result.stdout
+    assert "0 error(s), 0 warning(s)." in result.stdout
+
+    assert report.ok
+    assert report.findings == ()
+    assert "publisher_confirms" in report.capabilities
+    quorum = {item.rabbitmq_queue: item.ordering for item in report.ordering}
+    if parse_version(report.version) < (4, 0):
+        assert quorum["orders.warm"] == "FIFO within band"
+
+    without = runner.invoke(app, args)
+    assert without.exit_code == 0, without.output
+    assert "no management API" in without.stdout
+    assert "INFO management API: no management URL" in without.stdout
+
+
+def test_doctor_flags_a_conflicting_queue_and_a_delivery_limit_policy(
+    runner: CliRunner, broker: TestBroker, amqp_url: str, topology: Topology, tmp_path: Path
+) -> None:
+    vhost = quote(vhost_of(amqp_url), safe="")
+    with broker.management() as api:
+        api.put(f"/api/queues/{vhost}/orders.hot", json={"durable": True}).raise_for_status()
+        api.put(
+            f"/api/policies/{vhost}/retry-cap",
+            json={
+                "pattern": r"^orders\.(warm|cold|dlq)$",
+                "definition": {"delivery-limit": 2},
+                "apply-to": "queues",
+            },
+        ).raise_for_status()
+
+    report = asyncio.run(checked(amqp_url, topology, broker.management_url))
+    assert not report.ok
+    errors = {(f.code, f.subject) for f in report.errors}
+    assert errors == {
+        ("queue_conflict", "orders.hot"),
+        ("delivery_limit", "orders.warm"),
+        ("delivery_limit", "orders.cold"),
+    }
+    assert {(f.code, f.subject) for f in report.warnings} == {("dlq_delivery_limit", "orders.dlq")}
+    conflict = next(f for f in report.errors if f.code == "queue_conflict")
+    assert "x-queue-type is 'classic' on the broker, the topology wants 'quorum'" in (
+        conflict.message
+    )
+
+    args = ["doctor", "--topology", str(write_topology(topology, tmp_path)), "--amqp-url", amqp_url]
+    result = runner.invoke(app, [*args, "--management-url", broker.management_url])
+    assert result.exit_code == 1
+    assert "ERROR orders.hot: queue 'orders.hot' exists with other settings" in result.stdout
+    assert (
+        "ERROR orders.warm: policy 'retry-cap' sets"
+        not in result.stdout  # the message names the policy as the limit's source
+    )
+    assert "delivery-limit 2 (policy 'retry-cap') is below the queue's max_deliveries 5" in (
+        result.stdout
+    )
+    assert "3 error(s), 1 warning(s)." in result.stdout
+    assert "Traceback" not in result.output
+
+    # Without the management API the conflict is found by declaring; policies are not read.
+    probed = asyncio.run(checked(amqp_url, topology, None))
+    assert {(f.code, f.subject) for f in probed.errors} == {("queue_conflict", "orders.hot")}
+    assert "exists with other settings" in probed.errors[0].message
+    assert {f.code for f in probed.findings} == {"queue_conflict", "queue_missing", "no_management"}
