@@ -1,0 +1,1 @@
+"""Runnable examples of bandgate; each is imported by a test."""
