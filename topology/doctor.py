@@ -468,12 +468,17 @@ async def check_broker(
             )
             findings += more
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            problem = (
+                f"HTTP {exc.response.status_code} from {exc.request.url.path}"
+                if isinstance(exc, httpx.HTTPStatusError)
+                else f"{type(exc).__name__}: {exc}"
+            )
             findings.append(
                 _warning(
                     "management_unavailable",
                     "management API",
-                    f"cannot read it ({type(exc).__name__}: {exc}); policies and plugins "
-                    "not checked",
+                    f"cannot read it ({problem}); queues were checked by declaring them, "
+                    "policies and plugins not at all",
                 )
             )
             findings += await _probe_declared(connection, topology)
@@ -534,18 +539,32 @@ async def _read_management(
     encoded = quote(vhost, safe="")
     async with httpx.AsyncClient(base_url=base, auth=auth, timeout=http_timeout) as api:
 
-        async def get(path: str) -> Any:
+        async def get(path: str, optional: bool = False) -> Any:
             response = await api.get(path)
+            if optional and response.status_code in (401, 403, 404):
+                unreadable.append(path.split("/")[2])
+                return []  # this user may not read it (policies need the policymaker tag)
             response.raise_for_status()
             return response.json()
 
+        unreadable: list[str] = []
         overview: dict[str, Any] = await get("/api/overview")
         queues: list[dict[str, Any]] = await get(f"/api/queues/{encoded}")
         exchanges: list[dict[str, Any]] = await get(f"/api/exchanges/{encoded}")
-        policies = [_policy(item) for item in await get(f"/api/policies/{encoded}")]
-        operator = [_policy(item) for item in await get(f"/api/operator-policies/{encoded}")]
-        flags: list[dict[str, Any]] = await get("/api/feature-flags")
+        policies = [_policy(p) for p in await get(f"/api/policies/{encoded}", optional=True)]
+        operator = [
+            _policy(p) for p in await get(f"/api/operator-policies/{encoded}", optional=True)
+        ]
+        flags: list[dict[str, Any]] = await get("/api/feature-flags", optional=True)
     findings = queue_conflicts(topology, {q["name"]: q for q in queues})
+    if unreadable:
+        findings.append(
+            _warning(
+                "management_forbidden",
+                "management API",
+                f"this user may not read {', '.join(unreadable)}: not checked",
+            )
+        )
     findings += exchange_conflicts(topology, {e["name"]: str(e.get("type")) for e in exchanges})
     findings += policy_findings(topology, version, policies, operator)
     types = {str(item.get("name")) for item in overview.get("exchange_types", [])}

@@ -117,3 +117,37 @@ def test_doctor_flags_a_conflicting_queue_and_a_delivery_limit_policy(
     assert {(f.code, f.subject) for f in probed.errors} == {("queue_conflict", "orders.hot")}
     assert "exists with other settings" in probed.errors[0].message
     assert {f.code for f in probed.findings} == {"queue_conflict", "queue_missing", "no_management"}
+
+
+def test_what_the_management_user_may_not_read_is_a_warning(
+    broker: TestBroker, amqp_url: str, topology: Topology
+) -> None:
+    vhost = quote(vhost_of(amqp_url), safe="")
+    user = f"watcher-{vhost}"
+    with broker.management() as api:
+        api.put(
+            f"/api/users/{user}", json={"password": "pw", "tags": "management"}
+        ).raise_for_status()
+        api.put(
+            f"/api/permissions/{vhost}/{user}", json={"configure": "", "write": "", "read": ".*"}
+        ).raise_for_status()
+    try:
+        asyncio.run(applied(amqp_url, topology))
+        host = broker.management_url.rsplit("@", 1)[1]
+        report = asyncio.run(checked(amqp_url, topology, f"http://{user}:pw@{host}"))
+        refused = asyncio.run(checked(amqp_url, topology, f"http://{user}:wrong@{host}"))
+    finally:
+        with broker.management() as api:
+            api.delete(f"/api/users/{user}")
+    # A `management` user reads queues and policies, but not the node's feature flags.
+    assert report.ok
+    [finding] = report.findings
+    assert (finding.code, finding.severity) == ("management_forbidden", "warning")
+    assert finding.message == "this user may not read feature-flags: not checked"
+
+    # A login the management API refuses: queues are still checked, by declaring them.
+    assert refused.ok
+    [unavailable] = refused.findings
+    assert unavailable.code == "management_unavailable"
+    assert "HTTP 401 from /api/overview" in unavailable.message
+    assert "wrong" not in unavailable.message
