@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,14 +23,23 @@ from aio_pika.abc import (
     ConsumerTag,
 )
 from aio_pika.exceptions import ChannelInvalidStateError
+from opentelemetry import trace
 
 from consumers.app import Consumer
 from consumers.dispatch import Dispatcher, DispatcherClosed, make_policy
 from consumers.errors import MalformedMessage, Reject, Retry
 from consumers.invoke import invoke
 from consumers.message import Message, read_message
-from consumers.outcome import DeadLetter, Outcome, after_handler, before_handler, describe
+from consumers.outcome import (
+    Ack,
+    DeadLetter,
+    Outcome,
+    after_handler,
+    before_handler,
+    describe,
+)
 from consumers.settle import Settler
+from consumers.telemetry import ConsumerTelemetry, outcome_name
 from topology import naming, wire
 from topology.model import Band
 
@@ -68,6 +78,7 @@ class ConsumerRunner:
         concurrency: int | None = None,
         prime_timeout: float = 2.0,
         refill_wait: float = 0.1,
+        telemetry: ConsumerTelemetry | None = None,
     ) -> None:
         self.consumer = consumer
         self.spec = consumer.spec
@@ -76,6 +87,7 @@ class ConsumerRunner:
         self.concurrency = concurrency or consumer.options.concurrency
         self.prefetch = consumer.options.prefetch(self.spec, self.concurrency)
         self.prime_timeout = prime_timeout
+        self.telemetry = telemetry or ConsumerTelemetry()
         policy = make_policy(consumer.options.policy, self.spec.weights())
         self.dispatcher: Dispatcher[Delivery] = Dispatcher(
             len(self.spec.bands),
@@ -197,8 +209,7 @@ class ConsumerRunner:
         band = self.spec.bands[delivery.band]
         incoming = delivery.incoming
         try:
-            message, outcome = await self._handle(incoming, band)
-            await self.settler.settle(incoming, message, band, outcome)
+            await self._pipeline(incoming, band)
         except asyncio.CancelledError:
             # Shut down past the grace period: not handled, so it goes back to its band.
             await self.settler.give_back(incoming)
@@ -209,21 +220,41 @@ class ConsumerRunner:
         finally:
             self.dispatcher.done(delivery.band, delivery)
 
-    async def _handle(
-        self, incoming: AbstractIncomingMessage, band: Band
-    ) -> tuple[Message, Outcome]:
+    async def _pipeline(self, incoming: AbstractIncomingMessage, band: Band) -> None:
+        """Read, check the delivery limit, run the handler, decide, settle."""
         policy = self.consumer.options.retry
         try:
             message = read_message(incoming, self.spec, band)
         except MalformedMessage as exc:
             message = read_message(incoming, self.spec, band, decode=False)
             log.error("dead-lettering malformed message %s: %s", message.message_id, exc)
-            return message, after_handler(exc, message, policy)
-        limit = before_handler(message, policy)
-        if limit is not None:
-            log.error("dead-lettering message %s: %s", message.message_id, limit.reason)
-            return message, limit
-        error: BaseException | None = None
+            outcome: Outcome = after_handler(exc, message, policy)
+            await self.settler.settle(incoming, message, band, outcome)
+            self.telemetry.finished(message, outcome, None)
+            return
+        with self.telemetry.span(message, incoming.headers) as span:
+            seconds: float | None = None
+            limit = before_handler(message, policy)
+            if limit is not None:
+                log.error("dead-lettering message %s: %s", message.message_id, limit.reason)
+                outcome = limit
+            else:
+                self.telemetry.started(message, incoming.headers)
+                started = time.perf_counter()
+                error = await self._run_handler(message)
+                seconds = time.perf_counter() - started
+                outcome = after_handler(error, message, policy)
+                if error is not None:
+                    self._log_failure(message, error, outcome)
+                    span.record_exception(error)
+            span.set_attribute("bandgate.outcome", outcome_name(outcome))
+            if not isinstance(outcome, Ack):
+                span.set_status(trace.StatusCode.ERROR, getattr(outcome, "reason", ""))
+            await self.settler.settle(incoming, message, band, outcome)
+        self.telemetry.finished(message, outcome, seconds)
+
+    async def _run_handler(self, message: Message) -> BaseException | None:
+        """The handler's exception, or None when it returned."""
         try:
             await invoke(
                 self.consumer.handler,
@@ -235,23 +266,23 @@ class ConsumerRunner:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # the worker is stopping
-            error = exc  # the handler's own business: a failure like any other
+            return exc  # the handler's own business: a failure like any other
         except Exception as exc:
-            error = exc
-        outcome = after_handler(error, message, policy)
-        if error is not None:
-            log.log(
-                logging.ERROR if isinstance(outcome, DeadLetter) else logging.WARNING,
-                "%s failed on message %s (attempt %d, band %s): %s -> %s",
-                self.consumer.name,
-                message.message_id,
-                message.attempt,
-                band.name,
-                describe(error),
-                outcome,
-                exc_info=not isinstance(error, Retry | Reject),
-            )
-        return message, outcome
+            return exc
+        return None
+
+    def _log_failure(self, message: Message, error: BaseException, outcome: Outcome) -> None:
+        log.log(
+            logging.ERROR if isinstance(outcome, DeadLetter) else logging.WARNING,
+            "%s failed on message %s (attempt %d, band %s): %s -> %s",
+            self.consumer.name,
+            message.message_id,
+            message.attempt,
+            message.band,
+            describe(error),
+            outcome,
+            exc_info=not isinstance(error, Retry | Reject),
+        )
 
     async def stop_consuming(self) -> None:
         """Cancel the band consumers and give back every message not started yet."""

@@ -36,6 +36,10 @@ class WorkerSettings(BrokerSettings):
     connect_timeout_seconds: float = Field(
         default=30.0, ge=0, description="at start-up, how long to retry reaching the broker"
     )
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="serve Prometheus /metrics on this port"
+    )
+    metrics_host: str = Field(default="127.0.0.1", description="address the metrics port binds")
     declare_topology: bool = Field(
         default=True, description="apply the topology on start (idempotent)"
     )

@@ -13,16 +13,20 @@ import contextlib
 import logging
 import signal
 from collections.abc import Awaitable
+from wsgiref.simple_server import WSGIServer
 
 import aio_pika
 from aio_pika.abc import AbstractRobustConnection
+from prometheus_client import start_http_server
 
 from consumers.app import ConsumerApp
 from consumers.errors import ConsumerError
 from consumers.runner import ConsumerRunner
 from consumers.settings import WorkerSettings
 from consumers.settle import Settler
+from consumers.telemetry import ConsumerTelemetry
 from gateway.publishing import ChannelSet, Publisher, confirm_channel_factory
+from gateway.telemetry import Telemetry
 from topology.declare import apply_topology
 
 log = logging.getLogger(__name__)
@@ -39,13 +43,17 @@ class Worker:
         *,
         concurrency: int | None = None,
         settings: WorkerSettings | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.app = app
         self.settings = settings or app.settings
         self.concurrency = concurrency or self.settings.concurrency
+        self._own_telemetry = telemetry is None
+        self.telemetry = telemetry or Telemetry(self.settings.connection_name)
         self.ready = asyncio.Event()
         self.stopped = asyncio.Event()
         self.runners: list[ConsumerRunner] = []
+        self._metrics_server: WSGIServer | None = None
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
 
@@ -86,13 +94,17 @@ class Worker:
         if not consumers:
             raise ConsumerError("the app has no consumers: decorate a handler with @app.consumer")
         topology = self.app.topology
+        self._serve_metrics()
         connection = await self._connect()
         channels = ChannelSet(confirm_channel_factory(connection))
         try:
             if self.settings.declare_topology:
                 await apply_topology(connection, topology)
-            publisher = Publisher(topology, channels, self.settings.confirm_timeout_seconds)
+            publisher = Publisher(
+                topology, channels, self.settings.confirm_timeout_seconds, self.telemetry
+            )
             settler = Settler(publisher)
+            observed = ConsumerTelemetry(self.telemetry)
             self.runners = [
                 ConsumerRunner(
                     consumer,
@@ -101,6 +113,7 @@ class Worker:
                     concurrency=self.concurrency,
                     prime_timeout=self.settings.startup_prime_seconds,
                     refill_wait=self.settings.refill_wait_seconds,
+                    telemetry=observed,
                 )
                 for consumer in consumers
             ]
@@ -129,8 +142,21 @@ class Worker:
         finally:
             await channels.close()
             await connection.close()
+            if self._metrics_server is not None:
+                await asyncio.to_thread(self._metrics_server.shutdown)
+            if self._own_telemetry:
+                self.telemetry.shutdown()  # flushes spans still batched for OTLP
             self.stopped.set()
             log.info("worker stopped")
+
+    def _serve_metrics(self) -> None:
+        port = self.settings.metrics_port
+        if port is None:
+            return
+        self._metrics_server, _ = start_http_server(
+            port, self.settings.metrics_host, self.telemetry.registry
+        )
+        log.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, port)
 
     async def _connect(self) -> AbstractRobustConnection:
         """Connect, retrying while the broker is not up yet (a worker may start before it)."""

@@ -1,0 +1,80 @@
+"""Traces and metrics of handled messages, on the instruments `gateway.telemetry` defines.
+
+The handler's span continues the trace whose context the message carries (the publish that
+produced it, or the attempt that retried it), and a retry or dead letter published while it is
+open becomes its child, so one trace shows a message's whole life.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import trace
+
+from consumers.message import Message
+from consumers.outcome import Ack, DeadLetter, Outcome, RetryLater
+from gateway.telemetry import Telemetry, extract_context
+from topology import wire
+
+
+def outcome_name(outcome: Outcome) -> str:
+    if isinstance(outcome, RetryLater):
+        return "retry"
+    if isinstance(outcome, DeadLetter):
+        return "dead-letter"
+    return "ack"
+
+
+class ConsumerTelemetry:
+    def __init__(self, telemetry: Telemetry | None = None) -> None:
+        self.telemetry = telemetry
+        self.tracer = telemetry.tracer if telemetry else trace.get_tracer("bandgate")
+
+    @contextmanager
+    def span(self, message: Message, headers: Mapping[str, Any] | None) -> Iterator[trace.Span]:
+        attributes: dict[str, str | int | bool] = {
+            "messaging.system": "rabbitmq",
+            "messaging.destination.name": message.queue,
+            "messaging.message.id": message.message_id,
+            "bandgate.band": message.band,
+            "bandgate.priority": message.priority,
+            "bandgate.attempt": message.attempt,
+            "bandgate.promoted": message.promoted,
+        }
+        with self.tracer.start_as_current_span(
+            f"process {message.queue}",
+            context=extract_context(headers),
+            kind=trace.SpanKind.CONSUMER,
+            attributes=attributes,
+        ) as span:
+            yield span
+
+    def started(self, message: Message, headers: Mapping[str, Any] | None) -> None:
+        """A handler starts: how long the message waited since it was due."""
+        if self.telemetry is None:
+            return
+        due = message.enqueued_at
+        deliver_at = (headers or {}).get(wire.DELIVER_AT)
+        if isinstance(deliver_at, int) and not isinstance(deliver_at, bool):
+            due = max(due, wire.from_millis(deliver_at))
+        labels = {"queue": message.queue, "band": message.band}
+        self.telemetry.wait_time.record(max(0.0, (wire.now() - due).total_seconds()), labels)
+        if message.promoted:
+            self.telemetry.promoted.add(1, labels)
+
+    def finished(self, message: Message, outcome: Outcome, seconds: float | None) -> None:
+        """A message was settled; `seconds` is the handler's run time, None if it did not run."""
+        if self.telemetry is None:
+            return
+        labels = {"queue": message.queue, "band": message.band}
+        if seconds is not None:
+            self.telemetry.handler_duration.record(seconds, labels)
+        self.telemetry.consumed.add(1, {**labels, "outcome": outcome_name(outcome)})
+        if isinstance(outcome, RetryLater):
+            self.telemetry.retried.add(1, labels)
+        elif isinstance(outcome, DeadLetter):
+            self.telemetry.dead_lettered.add(1, {**labels, "cause": outcome.cause})
+        else:
+            assert isinstance(outcome, Ack)
