@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 
 import aiormq
@@ -45,6 +46,15 @@ class Settler:
     ) -> bool:
         """Carry out `outcome`; False when the delivery went back to the broker instead."""
         if isinstance(outcome, RetryLater):
+            longest = self.publisher.topology.ladder.max_delay_ms / 1000
+            if outcome.delay > longest:
+                log.warning(
+                    "retry delay %g s of message %s is beyond the delay ladder's %g s; using that",
+                    outcome.delay,
+                    message.message_id,
+                    longest,
+                )
+                outcome = replace(outcome, delay=longest)
             envelope = retry_envelope(
                 delivery.body, delivery.headers, message, band, outcome, self.clock()
             )
