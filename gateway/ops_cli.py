@@ -52,6 +52,7 @@ from topology.cli import (
     duration,
     redact,
 )
+from topology.declare import broker_version, parse_version
 from topology.doctor import BrokerReport, check_broker
 from topology.loader import TopologyError
 from topology.management import ManagementClient, vhost_of
@@ -185,11 +186,22 @@ def list_command(
     """Show the oldest dead letters of QUEUE; they stay in the dead-letter queue, in order."""
     settings = _settings(topology, amqp_url, management_url)
 
-    async def work(connection: AbstractConnection, model: Topology) -> tuple[int, list[DeadLetter]]:
+    async def work(
+        connection: AbstractConnection, model: Topology
+    ) -> tuple[str, int, list[DeadLetter]]:
         total = await count_dead_letters(connection, model, queue)
-        return total, await list_dead_letters(connection, model, queue, limit=limit, reason=reason)
+        records = await list_dead_letters(connection, model, queue, limit=limit, reason=reason)
+        return broker_version(connection), total, records
 
-    total, records = _run(settings, work)
+    version, total, records = _run(settings, work)
+    if (4, 0) <= parse_version(version) < (4, 3):
+        Console(stderr=True, highlight=False).print(
+            f"warning: RabbitMQ {version} counts each listing as a delivery of every dead "
+            f"letter; under a delivery limit (20 unless a policy says otherwise) a dead letter "
+            "listed that often is dropped: see `bandgate doctor`",
+            markup=False,
+            soft_wrap=True,
+        )
     if as_json:
         typer.echo(orjson.dumps({"total": total, "dead_letters": [r.to_json() for r in records]}))
         return
