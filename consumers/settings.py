@@ -36,6 +36,9 @@ class WorkerSettings(BrokerSettings):
     connect_timeout_seconds: float = Field(
         default=30.0, ge=0, description="at start-up, how long to retry reaching the broker"
     )
+    reconnect_interval_seconds: float = Field(
+        default=1.0, gt=0, description="pause before reconnecting after the connection dropped"
+    )
     metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="serve Prometheus /metrics on this port"
     )

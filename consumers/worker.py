@@ -167,6 +167,7 @@ class Worker:
                 return await aio_pika.connect_robust(
                     self.settings.amqp_url,
                     client_properties={"connection_name": self.settings.connection_name},
+                    reconnect_interval=self.settings.reconnect_interval_seconds,
                 )
             except (ConnectionError, OSError, aio_pika.exceptions.AMQPConnectionError) as exc:
                 if loop.time() + CONNECT_RETRY_SECONDS > deadline or self._stop.is_set():

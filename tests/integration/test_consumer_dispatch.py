@@ -180,3 +180,45 @@ async def test_a_cold_message_left_waiting_is_promoted_and_handled_as_warm(
     assert message.band == "warm"
     assert message.priority == 1
     assert message.promoted
+
+
+async def test_messages_with_one_partition_key_run_one_at_a_time_in_order(
+    amqp_url: str, topology: Topology, start_worker: StartWorker
+) -> None:
+    keys = ["customer-1", "customer-2", "customer-3"]
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        await apply_topology(connection, topology)
+        publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
+        for seq in range(10):  # one at a time: the band's order is the publish order
+            for key in keys:
+                await publisher.publish(
+                    Envelope(queue="orders", payload=seq, priority=5, partition_key=key)
+                )
+        await publisher.channels.close()
+
+        app = ConsumerApp(WorkerSettings(amqp_url=amqp_url), topology=topology)
+        events: list[tuple[str, str, int]] = []
+        all_done = asyncio.Event()
+
+        @app.consumer("orders", concurrency=6)
+        async def handle(msg: Message) -> None:
+            assert msg.partition_key is not None
+            events.append(("start", msg.partition_key, msg.payload))
+            await asyncio.sleep(0.01)
+            events.append(("end", msg.partition_key, msg.payload))
+            if len(events) == 2 * 10 * len(keys):
+                all_done.set()
+
+        await start_worker(app)
+        await asyncio.wait_for(all_done.wait(), 30)
+
+    running = {key: 0 for key in keys}
+    most_at_once = 0
+    for event, key, _ in events:
+        running[key] += 1 if event == "start" else -1
+        assert running[key] <= 1, f"two messages of {key} ran at once"
+        most_at_once = max(most_at_once, sum(running.values()))
+    for key in keys:
+        assert [seq for event, k, seq in events if k == key and event == "start"] == list(range(10))
+    assert most_at_once == len(keys)  # different keys still ran side by side
