@@ -298,16 +298,6 @@ class Dispatcher(Generic[T]):
         self._changed.set()
         return items
 
-    def discard(self, stale: Callable[[T], bool]) -> list[T]:
-        """Drop buffered items for which `stale` is true (e.g. their channel is gone)."""
-        dropped: list[T] = []
-        for buffer in self._buffers:
-            kept = deque(item for item in buffer if not stale(item))
-            dropped.extend(item for item in buffer if item not in kept)
-            buffer.clear()
-            buffer.extend(kept)
-        return dropped
-
     def _next_refill_deadline(self) -> float | None:
         waits = [since for since in self._dry_since if since is not None]
         if not waits:

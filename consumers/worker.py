@@ -28,6 +28,7 @@ from consumers.telemetry import ConsumerTelemetry
 from gateway.publishing import ChannelSet, Publisher, confirm_channel_factory
 from gateway.telemetry import Telemetry
 from topology.declare import apply_topology
+from topology.model import Topology
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,21 @@ class Worker:
             raise ConsumerError("the app has no consumers: decorate a handler with @app.consumer")
         topology = self.app.topology
         self._serve_metrics()
-        connection = await self._connect()
+        try:
+            connection = await self._connect()
+            try:
+                await self._work(connection, topology)
+            finally:
+                await connection.close()
+        finally:
+            if self._metrics_server is not None:
+                await asyncio.to_thread(self._metrics_server.shutdown)
+            if self._own_telemetry:
+                self.telemetry.shutdown()  # flushes spans still batched for OTLP
+            self.stopped.set()
+            log.info("worker stopped")
+
+    async def _work(self, connection: AbstractRobustConnection, topology: Topology) -> None:
         channels = ChannelSet(confirm_channel_factory(connection))
         try:
             if self.settings.declare_topology:
@@ -115,7 +130,7 @@ class Worker:
                     refill_wait=self.settings.refill_wait_seconds,
                     telemetry=observed,
                 )
-                for consumer in consumers
+                for consumer in self.app.consumers
             ]
             loops: set[asyncio.Task[None]] = set()
             try:
@@ -141,13 +156,6 @@ class Worker:
                 await asyncio.gather(*loops, return_exceptions=True)
         finally:
             await channels.close()
-            await connection.close()
-            if self._metrics_server is not None:
-                await asyncio.to_thread(self._metrics_server.shutdown)
-            if self._own_telemetry:
-                self.telemetry.shutdown()  # flushes spans still batched for OTLP
-            self.stopped.set()
-            log.info("worker stopped")
 
     def _serve_metrics(self) -> None:
         port = self.settings.metrics_port

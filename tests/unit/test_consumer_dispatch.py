@@ -150,14 +150,6 @@ async def test_close_returns_the_buffered_messages_and_wakes_the_taker() -> None
     assert work.take_nowait() is None
 
 
-def test_discard_drops_stale_items_only() -> None:
-    work = dispatcher()
-    for name in ("a", "b", "c"):
-        work.put(1, (name, None))
-    assert work.discard(lambda item: item[0] == "b") == [("b", None)]
-    assert work.buffered(1) == 2
-
-
 def test_concurrency_must_be_positive() -> None:
     with pytest.raises(ValueError, match="concurrency"):
         Dispatcher(1, StrictPolicy(), 0)

@@ -1,0 +1,60 @@
+"""Shutdown past the grace period: the running handler is cancelled and every message the
+worker held, running or buffered, is back in its band."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aio_pika
+import pytest
+
+from consumers import ConsumerApp, Message
+from consumers.settings import WorkerSettings
+from consumers.worker import Worker
+from gateway.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
+from topology import naming
+from topology.declare import apply_topology
+from topology.model import Topology
+from topology.wire import Envelope
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_handler_past_the_grace_period_is_cancelled_and_its_message_returned(
+    amqp_url: str, topology: Topology
+) -> None:
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        await apply_topology(connection, topology)
+        publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
+        envelopes = [Envelope(queue="orders", payload=n, priority=8) for n in range(3)]
+        assert all(isinstance(r, Published) for r in await publisher.publish_many(envelopes))
+        await publisher.channels.close()
+
+        settings = WorkerSettings(amqp_url=amqp_url, shutdown_grace_seconds=0.2)
+        app = ConsumerApp(settings, topology=topology)
+        running, cancelled = asyncio.Event(), asyncio.Event()
+
+        @app.consumer("orders", concurrency=1)
+        async def stuck(msg: Message) -> None:
+            running.set()
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        worker = Worker(app)
+        task = asyncio.create_task(worker.run())
+        await asyncio.wait_for(running.wait(), 30)
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+        assert cancelled.is_set()
+
+        channel = await connection.channel()
+        hot = await channel.declare_queue(naming.band_queue("orders", "hot"), passive=True)
+        assert (
+            hot.declaration_result.message_count == 3
+        )  # the running one, the buffered one, the rest
+        dlq = await channel.declare_queue(naming.dead_letter_queue("orders"), passive=True)
+        assert dlq.declaration_result.message_count == 0
