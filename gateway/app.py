@@ -13,6 +13,7 @@ from starlette.middleware import Middleware
 
 from gateway.auth import Authenticator, AuthMiddleware
 from gateway.broker import BrokerLink
+from gateway.dlq_routes import dlq_routes
 from gateway.errors import ApiError, api_error_handler, http_error_handler
 from gateway.middleware import BodyLimitMiddleware
 from gateway.routes import routes
@@ -72,7 +73,7 @@ def create_app(
         Middleware(BodyLimitMiddleware, limit=resolved.max_body_bytes),
     ]
     return Starlette(
-        routes=routes(),
+        routes=routes() + dlq_routes(),
         middleware=middleware,
         exception_handlers={ApiError: api_error_handler, HTTPException: http_error_handler},
         lifespan=lifespan,

@@ -19,6 +19,7 @@ from gateway.publishing import BrokerUnavailable, ChannelSet, Publisher
 from gateway.telemetry import Telemetry
 from topology import naming
 from topology.declare import TopologyConflictError, apply_topology, broker_version
+from topology.doctor import check_broker, log_report
 from topology.loader import TopologyError
 from topology.management import ManagementClient, vhost_of
 from topology.model import Topology
@@ -47,6 +48,7 @@ class BrokerLink:
         self.topology = topology
         self.connection_name = connection_name
         self.declare_topology = declare_topology
+        self.management_url = management_url
         self.management = (
             ManagementClient(management_url, vhost_of(amqp_url)) if management_url else None
         )
@@ -113,12 +115,25 @@ class BrokerLink:
                 self.problem = str(exc)
                 await connection.close()
                 raise
+            except (aiormq.exceptions.AMQPError, ConnectionError, OSError) as exc:
+                self.problem = f"broker check failed: {exc}"
+                log.warning("%s; retrying in %.1f s", self.problem, delay)
+                await connection.close()
+                await asyncio.sleep(delay)
+                continue
             connection.reconnect_callbacks.add(self._on_reconnect)
             self.connection = connection
             self.problem = None
             log.info("connected to RabbitMQ %s", self.version)
 
     async def _prepare(self, connection: AbstractRobustConnection) -> None:
+        """Check the broker (version, in-band order, conflicts, dangerous policies), refuse a
+        configuration that would lose or loop messages, then apply the topology."""
+        report = await check_broker(
+            connection, self.topology, self.management_url, vhost_of(self.amqp_url)
+        )
+        log_report(report)
+        report.raise_for_errors()
         if self.declare_topology:
             await apply_topology(connection, self.topology, self.management)
 

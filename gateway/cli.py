@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 import uvicorn
 
+from gateway.ops_cli import register as register_ops
 from topology.cli import app as topology_app
 
 root = typer.Typer(
@@ -17,6 +18,7 @@ root = typer.Typer(
     pretty_exceptions_show_locals=False,  # locals would print the AMQP URL's password
 )
 root.add_typer(topology_app, name="topology")
+register_ops(root)
 
 
 @root.command()

@@ -33,7 +33,7 @@ def _link(request: Request) -> BrokerLink:
     return link
 
 
-def _topology(request: Request) -> Topology:
+def topology_of(request: Request) -> Topology:
     topology: Topology = request.app.state.topology
     return topology
 
@@ -43,14 +43,14 @@ def _settings(request: Request) -> GatewaySettings:
     return settings
 
 
-def _queue(request: Request) -> QueueSpec:
+def queue_spec(request: Request) -> QueueSpec:
     try:
-        return _topology(request).queue(request.path_params["queue"])
+        return topology_of(request).queue(request.path_params["queue"])
     except UnknownQueueError as exc:
         raise ApiError(404, "unknown_queue", str(exc), "queue") from None
 
 
-async def _json_body(request: Request) -> Any:
+async def json_body(request: Request) -> Any:
     content_type = request.headers.get("content-type", "")
     media_type = content_type.split(";", 1)[0].strip().lower()
     if media_type != "application/json":
@@ -99,9 +99,9 @@ def _ensure_connected(link: BrokerLink) -> None:
 
 async def publish(request: Request) -> Response:
     authorize(request, "publish", request.path_params["queue"])
-    spec = _queue(request)
-    data = await _json_body(request)
-    envelope = parse_publish(data, spec, _topology(request))
+    spec = queue_spec(request)
+    data = await json_body(request)
+    envelope = parse_publish(data, spec, topology_of(request))
     link = _link(request)
     _ensure_connected(link)
     try:
@@ -113,8 +113,8 @@ async def publish(request: Request) -> Response:
 
 async def publish_batch(request: Request) -> Response:
     authorize(request, "publish", request.path_params["queue"])
-    spec = _queue(request)
-    data = await _json_body(request)
+    spec = queue_spec(request)
+    data = await json_body(request)
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_body", 'the body must be {"messages": [...]}')
     try:
@@ -128,7 +128,7 @@ async def publish_batch(request: Request) -> Response:
         raise ApiError(
             413, "batch_too_large", f"a batch holds at most {limit} messages", "messages"
         )
-    topology = _topology(request)
+    topology = topology_of(request)
     failed: list[dict[str, Any]] = []
     envelopes: list[tuple[int, Envelope]] = []
     for index, item in enumerate(batch.messages):
@@ -156,7 +156,7 @@ async def list_queues(request: Request) -> Response:
     principal: Principal = request.state.principal
     visible = [
         describe_queue(spec)
-        for spec in _topology(request).queues.values()
+        for spec in topology_of(request).queues.values()
         if principal.may("read", spec.name) or principal.may("publish", spec.name)
     ]
     return json_response({"queues": visible})
@@ -164,8 +164,8 @@ async def list_queues(request: Request) -> Response:
 
 async def stats(request: Request) -> Response:
     authorize(request, "read", request.path_params["queue"])
-    spec = _queue(request)
-    return json_response(await queue_stats(_link(request), _topology(request), spec))
+    spec = queue_spec(request)
+    return json_response(await queue_stats(_link(request), topology_of(request), spec))
 
 
 async def healthz(request: Request) -> Response:
