@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 import uvicorn
 
+from consumers.cli import worker
 from gateway.ops_cli import register as register_ops
 from topology.cli import app as topology_app
 
@@ -19,6 +20,7 @@ root = typer.Typer(
 )
 root.add_typer(topology_app, name="topology")
 register_ops(root)
+root.command("worker")(worker)
 
 
 @root.command()
