@@ -20,10 +20,6 @@ from topology import wire
 from topology.model import Band, QueueSpec
 from topology.priority import MAX_PRIORITY, MIN_PRIORITY
 
-# Quorum queues count returns of a message (consumer crashed, nack with requeue, channel
-# closed) in this header; 0 or absent on a first delivery.
-DELIVERY_COUNT = "x-delivery-count"
-
 
 @dataclass(frozen=True, kw_only=True)
 class Message:
@@ -68,16 +64,14 @@ def read_message(
         partition_key=_text(headers.get(wire.PARTITION_KEY)),
         enqueued_at=_enqueued_at(headers, delivery.timestamp),
         redelivered=bool(delivery.redelivered),
-        delivery_count=max(0, _int(headers.get(DELIVERY_COUNT), 0)),
+        delivery_count=max(0, _int(headers.get(wire.DELIVERY_COUNT), 0)),
         promoted=spec.bands.index(band) < spec.bands.index(spec.band_for(priority)),
     )
 
 
 def _producer_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     # `wire.user_headers` leaves the quorum queue's delivery count in; it is not the producer's.
-    return {
-        name: value for name, value in wire.user_headers(headers).items() if name != DELIVERY_COUNT
-    }
+    return {name: value for name, value in wire.user_headers(headers).items()}
 
 
 def _payload(body: bytes, content_type: str | None) -> Any:

@@ -15,20 +15,20 @@ from typing import Any
 
 import aio_pika
 
-from consumers.message import DELIVERY_COUNT, Message
+from consumers.message import Message
 from consumers.outcome import DeadLetter, RetryLater
 from topology import wire
 from topology.model import Band
-
-# Dead-letter headers: why, how often, from which band and when a message was given up on.
-FAILURE_REASON = "x-bandgate-failure-reason"  # "ValueError: ..." (cut to 1000 characters)
-FAILURE_CAUSE = "x-bandgate-failure-cause"  # rejected | max-attempts | delivery-limit | malformed
-FAILURE_TYPE = "x-bandgate-failure-type"  # the exception's class name, when there was one
-ATTEMPTS = "x-bandgate-attempts"  # attempts made, counting the last one
-ORIGINAL_BAND = "x-bandgate-original-band"  # the band it was consumed from the last time
-FAILED_AT = "x-bandgate-failed-at"  # milliseconds since the epoch, UTC
-# On a retry: why the previous attempt failed (shown in the management UI while it waits).
-RETRY_REASON = "x-bandgate-retry-reason"
+from topology.wire import (
+    ATTEMPTS,
+    DELIVERY_COUNT,
+    FAILED_AT,
+    FAILURE_CAUSE,
+    FAILURE_REASON,
+    FAILURE_TYPE,
+    ORIGINAL_BAND,
+    RETRY_REASON,
+)
 
 DEAD_LETTER_HEADERS = (
     FAILURE_REASON,

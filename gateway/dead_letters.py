@@ -29,22 +29,21 @@ from typing import Any, TypeVar
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
-from consumers.message import DELIVERY_COUNT
-from consumers.republish import (
+from consumers.republish import carried_headers
+from gateway.publishing import ChannelSet, Publisher, PublishFailure, confirm_channel_factory
+from topology import naming, wire
+from topology.model import QueueSpec, Topology
+from topology.priority import MAX_PRIORITY, MIN_PRIORITY
+from topology.wire import (
     ATTEMPTS,
     FAILED_AT,
     FAILURE_CAUSE,
     FAILURE_REASON,
     FAILURE_TYPE,
     ORIGINAL_BAND,
-    carried_headers,
 )
-from gateway.publishing import ChannelSet, Publisher, PublishFailure, confirm_channel_factory
-from topology import naming, wire
-from topology.model import QueueSpec, Topology
-from topology.priority import MAX_PRIORITY, MIN_PRIORITY
 
-REPLAYS = "x-bandgate-replays"  # how often a message was replayed from its dead-letter queue
+REPLAYS = wire.REPLAYS
 
 GET_TIMEOUT_SECONDS = 10.0
 
@@ -203,7 +202,6 @@ def replay_envelope(
         )
     values: Mapping[str, Any] = headers or {}
     extra = carried_headers(values)
-    extra.pop(DELIVERY_COUNT, None)
     extra[REPLAYS] = record.replays + 1
     return _Replayed(
         queue=spec.name,

@@ -26,6 +26,21 @@ ATTEMPT = "x-bandgate-attempt"  # 1 for the first delivery; retries count up
 QUEUE = "x-bandgate-queue"
 TRACE_HEADERS = ("traceparent", "tracestate")
 
+# Dead-letter headers: why, how often, from which band and when a message was given up on.
+FAILURE_REASON = "x-bandgate-failure-reason"  # "ValueError: ..." (cut to 1000 characters)
+FAILURE_CAUSE = "x-bandgate-failure-cause"  # rejected | max-attempts | delivery-limit | malformed
+FAILURE_TYPE = "x-bandgate-failure-type"  # the exception's class name, when there was one
+ATTEMPTS = "x-bandgate-attempts"  # attempts made, counting the last one
+ORIGINAL_BAND = "x-bandgate-original-band"  # the band it was consumed from the last time
+FAILED_AT = "x-bandgate-failed-at"  # milliseconds since the epoch, UTC
+# On a retry: why the previous attempt failed (shown in the management UI while it waits).
+RETRY_REASON = "x-bandgate-retry-reason"
+REPLAYS = "x-bandgate-replays"  # how often a message was replayed from its dead-letter queue
+
+# Quorum queues count deliveries in this header; a copy that kept it would look like a message
+# that crashed workers.
+DELIVERY_COUNT = "x-delivery-count"
+
 # Headers the broker adds when it dead-letters. A republish must drop them: a message that
 # goes through the same delay levels again with its old x-death is dropped silently by the
 # broker's dead-letter cycle detection (seen on 3.10.8).
@@ -92,7 +107,7 @@ def encode(envelope: Envelope, body: bytes | None = None) -> aio_pika.Message:
         headers[DELIVER_AT] = to_millis(envelope.deliver_at)
     if envelope.partition_key is not None:
         headers[PARTITION_KEY] = envelope.partition_key
-    for name in BROKER_DEATH_HEADERS:
+    for name in (*BROKER_DEATH_HEADERS, DELIVERY_COUNT):
         headers.pop(name, None)
     return aio_pika.Message(
         body=envelope.body() if body is None else body,
@@ -112,6 +127,7 @@ def user_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
         for name, value in headers.items()
         if not name.startswith(HEADER_PREFIX)
         and name not in BROKER_DEATH_HEADERS
+        and name != DELIVERY_COUNT
         and name not in TRACE_HEADERS
     }
 

@@ -24,12 +24,11 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from consumers import ConsumerApp, Message
-from consumers.republish import FAILURE_CAUSE, FAILURE_REASON
 from gateway.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
 from topology import naming
 from topology.declare import apply_topology
 from topology.loader import parse_topology
-from topology.wire import Envelope
+from topology.wire import FAILURE_CAUSE, FAILURE_REASON, Envelope
 
 pytestmark = pytest.mark.integration
 

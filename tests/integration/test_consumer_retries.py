@@ -14,21 +14,21 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from consumers import ConsumerApp, Message, Reject, Retry
-from consumers.republish import (
-    ATTEMPTS,
-    FAILED_AT,
-    FAILURE_CAUSE,
-    FAILURE_REASON,
-    FAILURE_TYPE,
-    ORIGINAL_BAND,
-)
 from consumers.settings import WorkerSettings
 from consumers.worker import Worker
 from gateway.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
 from topology import naming, wire
 from topology.declare import apply_topology
 from topology.loader import parse_topology
-from topology.wire import Envelope
+from topology.wire import (
+    ATTEMPTS,
+    FAILED_AT,
+    FAILURE_CAUSE,
+    FAILURE_REASON,
+    FAILURE_TYPE,
+    ORIGINAL_BAND,
+    Envelope,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -20,13 +20,7 @@ from typer.testing import CliRunner
 from consumers.message import Message
 from consumers.outcome import DeadLetter as DeadLetterOutcome
 from consumers.outcome import DeadLetterCause
-from consumers.republish import (
-    ATTEMPTS,
-    FAILURE_CAUSE,
-    FAILURE_REASON,
-    ORIGINAL_BAND,
-    dead_letter_message,
-)
+from consumers.republish import dead_letter_message
 from gateway.dead_letters import (
     REPLAYS,
     DeadLetter,
@@ -44,6 +38,7 @@ from topology import wire
 from topology.declare import apply_topology
 from topology.loader import load_topology
 from topology.model import QueueSpec, Topology
+from topology.wire import ATTEMPTS, FAILURE_CAUSE, FAILURE_REASON, ORIGINAL_BAND
 
 pytestmark = pytest.mark.integration
 

@@ -10,22 +10,21 @@ from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
 from consumers.errors import MalformedMessage
-from consumers.message import DELIVERY_COUNT, read_message
+from consumers.message import read_message
 from consumers.outcome import DeadLetter, RetryLater
-from consumers.republish import (
+from consumers.republish import carried_headers, dead_letter_message, retry_envelope
+from topology import wire
+from topology.model import QueueSpec
+from topology.wire import (
     ATTEMPTS,
+    DELIVERY_COUNT,
     FAILED_AT,
     FAILURE_CAUSE,
     FAILURE_REASON,
     FAILURE_TYPE,
     ORIGINAL_BAND,
     RETRY_REASON,
-    carried_headers,
-    dead_letter_message,
-    retry_envelope,
 )
-from topology import wire
-from topology.model import QueueSpec
 
 ORDERS = QueueSpec(name="orders")
 HOT, WARM, COLD = ORDERS.bands
