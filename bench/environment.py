@@ -36,12 +36,45 @@ def bench_broker() -> Iterator[BenchBroker]:
 
 
 def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU time of a process and its children so far (Linux /proc)."""
+    """User + system CPU time so far of a process and all its descendants (Linux /proc).
+
+    The private node's pid is the `rabbitmq-server` script's; the Erlang VM doing the work is
+    its child, whose time only shows in the parent's own counters once it has exited, so the
+    live descendants are summed too.
+    """
     if pid is None:
         return float("nan")
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    stats = _all_stats()
+    if pid not in stats:
         return float("nan")
-    ticks = sum(int(value) for value in fields[11:15])
-    return ticks / os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in stats.items():
+        children.setdefault(parent, []).append(child)
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        total += stats[current][1]
+        todo += children.get(current, [])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _all_stats() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, CPU ticks: user, system and waited-for children's)."""
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        stats[int(entry.name)] = (int(fields[1]), sum(int(value) for value in fields[11:15]))
+    return stats
+
+
+def rss_kib(pid: int) -> int:
+    """Resident set size of a process (VmRSS in /proc/<pid>/status), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise ValueError(f"no VmRSS for process {pid}")
