@@ -105,6 +105,7 @@ class Worker:
         finally:
             if self._metrics_server is not None:
                 await asyncio.to_thread(self._metrics_server.shutdown)
+                self._metrics_server.server_close()  # shutdown() leaves the socket open
             if self._own_telemetry:
                 self.telemetry.shutdown()  # flushes spans still batched for OTLP
             self.stopped.set()
