@@ -12,7 +12,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
-from gateway.local_broker import LocalBroker
+from gateway.local_broker import LocalBroker, rabbitmq_installed
 from topology.management import split_credentials
 
 AMQP_ENV = "BANDGATE_TEST_AMQP_URL"
@@ -56,10 +56,16 @@ class TestBroker:
 
 @contextmanager
 def session_broker(tmp_dir: Path) -> Iterator[TestBroker]:
+    """`BANDGATE_TEST_AMQP_URL` when set; else a private node from the installed
+    `rabbitmq-server`; else, where a Docker engine answers, a RabbitMQ container."""
     url = os.environ.get(AMQP_ENV)
     if url:
         host = urlsplit(url).hostname or "127.0.0.1"
         yield TestBroker(url, os.environ.get(MANAGEMENT_ENV, f"http://guest:guest@{host}:15672"))
+        return
+    if not rabbitmq_installed() and docker_available():
+        with container_broker() as broker:
+            yield broker
         return
     node = LocalBroker(tmp_dir / "rabbitmq", name=f"bandgate-test-{uuid.uuid4().hex[:6]}")
     node.start()
@@ -67,3 +73,28 @@ def session_broker(tmp_dir: Path) -> Iterator[TestBroker]:
         yield TestBroker(node.amqp_url, node.management_url)
     finally:
         node.stop()
+
+
+def docker_available() -> bool:
+    try:
+        import docker
+
+        docker.from_env().ping()
+    except Exception:  # no client library, no engine, no permission: all mean "no Docker"
+        return False
+    return True
+
+
+@contextmanager
+def container_broker(image: str = "rabbitmq:3.13-management") -> Iterator[TestBroker]:
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.waiting_utils import wait_for_logs
+
+    container = DockerContainer(image).with_exposed_ports(5672, 15672)
+    with container:
+        wait_for_logs(container, "Server startup complete", timeout=120)
+        host = container.get_container_host_ip()
+        amqp, management = container.get_exposed_port(5672), container.get_exposed_port(15672)
+        yield TestBroker(
+            f"amqp://guest:guest@{host}:{amqp}/", f"http://guest:guest@{host}:{management}"
+        )
