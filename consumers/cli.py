@@ -77,6 +77,16 @@ def worker(
             "(default: BANDGATE_SHUTDOWN_GRACE_SECONDS, else 30)",
         ),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            help="serve Prometheus /metrics on this port (default: BANDGATE_METRICS_PORT, else "
+            "none)",
+        ),
+    ] = None,
     log_level: Annotated[
         str, typer.Option("--log-level", help="debug, info, warning or error")
     ] = "info",
@@ -95,8 +105,13 @@ def worker(
         typer.echo(f"bandgate worker: {target} has no consumers (@app.consumer)", err=True)
         raise typer.Exit(2)
     settings = app.settings
+    overrides: dict[str, object] = {}
     if grace is not None:
-        settings = settings.model_copy(update={"shutdown_grace_seconds": grace})
+        overrides["shutdown_grace_seconds"] = grace
+    if metrics_port is not None:
+        overrides["metrics_port"] = metrics_port
+    if overrides:
+        settings = settings.model_copy(update=overrides)
     try:
         asyncio.run(Worker(app, concurrency=concurrency, settings=settings).serve())
     except (ConsumerError, TopologyError) as exc:

@@ -8,8 +8,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from consumers import ConsumerApp
+from consumers import ConsumerApp, Message
 from consumers.cli import AppNotFound, load_app, worker
+from consumers.settings import WorkerSettings
+from topology.loader import parse_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,6 +67,57 @@ def test_python_dash_m_consumers_runs_the_same_command() -> None:
     )
     assert completed.returncode == 2
     assert "bandgate worker: cannot import module 'no_such_module'" in completed.stderr
+
+
+class _RecordingWorker:
+    """Stands in for `consumers.worker.Worker`: keeps the settings it was given."""
+
+    settings: list[WorkerSettings] = []
+
+    def __init__(self, app: ConsumerApp, *, concurrency: int | None, settings: WorkerSettings):
+        self.settings.append(settings)
+
+    async def serve(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("arguments", "environment", "port"),
+    [
+        ([], {}, None),
+        ([], {"BANDGATE_METRICS_PORT": "9100"}, 9100),
+        (["--metrics-port", "9200"], {"BANDGATE_METRICS_PORT": "9100"}, 9200),
+    ],
+)
+def test_metrics_port_option_overrides_the_environment(
+    monkeypatch: pytest.MonkeyPatch, arguments: list[str], environment: dict[str, str], port: int
+) -> None:
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("consumers.cli.Worker", _RecordingWorker)
+    monkeypatch.setattr("consumers.cli.load_app", lambda _: _one_consumer_app())
+    _RecordingWorker.settings = []
+    result = CliRunner().invoke(bandgate(), ["worker", "tasks:app", *arguments])
+    assert result.exit_code == 0, result.output
+    [settings] = _RecordingWorker.settings
+    assert settings.metrics_port == port
+
+
+def test_metrics_port_must_be_a_port() -> None:
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(
+        bandgate(), ["worker", "tasks:app", "--metrics-port", "70000"]
+    )
+    assert result.exit_code == 2
+    assert "Invalid value for '--metrics-port'" in result.output
+
+
+def _one_consumer_app() -> ConsumerApp:
+    app = ConsumerApp(topology=parse_topology({"queues": {"orders": {}}}))
+
+    @app.consumer("orders")
+    async def handle(msg: Message) -> None: ...
+
+    return app
 
 
 EMPTY = ConsumerApp()
