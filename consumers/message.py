@@ -60,18 +60,13 @@ def read_message(
         priority=priority,
         message_id=delivery.message_id or _missing_id(delivery),
         attempt=max(1, _int(headers.get(wire.ATTEMPT), 1)),
-        headers=_producer_headers(headers),
+        headers=wire.user_headers(headers),
         partition_key=_text(headers.get(wire.PARTITION_KEY)),
         enqueued_at=_enqueued_at(headers, delivery.timestamp),
         redelivered=bool(delivery.redelivered),
         delivery_count=max(0, _int(headers.get(wire.DELIVERY_COUNT), 0)),
         promoted=spec.bands.index(band) < spec.bands.index(spec.band_for(priority)),
     )
-
-
-def _producer_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
-    # `wire.user_headers` leaves the quorum queue's delivery count in; it is not the producer's.
-    return {name: value for name, value in wire.user_headers(headers).items()}
 
 
 def _payload(body: bytes, content_type: str | None) -> Any:
