@@ -13,6 +13,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -118,7 +119,6 @@ class Publisher:
         self.channels = channels
         self.confirm_timeout = confirm_timeout
         self.telemetry = telemetry
-        self._tracer = telemetry.tracer if telemetry else trace.get_tracer("bandgate")
 
     async def publish(self, envelope: Envelope) -> Published:
         """Publish to the envelope's band, through the delay ladder when it is not yet due."""
@@ -130,17 +130,7 @@ class Publisher:
             key = naming.routing_key(envelope.queue, envelope.priority)
         else:
             exchange, key = route.exchange, route.routing_key
-        attributes: dict[str, str | int] = {
-            "messaging.system": "rabbitmq",
-            "messaging.destination.name": envelope.queue,
-            "messaging.message.id": envelope.message_id,
-            "bandgate.band": band.name,
-            "bandgate.priority": envelope.priority,
-            "bandgate.attempt": envelope.attempt,
-        }
-        with self._tracer.start_as_current_span(
-            f"publish {envelope.queue}", kind=trace.SpanKind.PRODUCER, attributes=attributes
-        ):
+        with self._span(envelope, band.name):
             message = wire.encode(envelope)
             inject_context(message.headers)
             started = time.perf_counter()
@@ -156,6 +146,21 @@ class Publisher:
             priority=envelope.priority,
             enqueued_at=envelope.enqueued_at,
             deliver_at=envelope.deliver_at,
+        )
+
+    def _span(self, envelope: Envelope, band: str) -> AbstractContextManager[object]:
+        if self.telemetry is None or not self.telemetry.tracing:
+            return nullcontext()
+        attributes: dict[str, str | int] = {
+            "messaging.system": "rabbitmq",
+            "messaging.destination.name": envelope.queue,
+            "messaging.message.id": envelope.message_id,
+            "bandgate.band": band,
+            "bandgate.priority": envelope.priority,
+            "bandgate.attempt": envelope.attempt,
+        }
+        return self.telemetry.tracer.start_as_current_span(
+            f"publish {envelope.queue}", kind=trace.SpanKind.PRODUCER, attributes=attributes
         )
 
     async def publish_many(self, envelopes: Sequence[Envelope]) -> list[Published | PublishFailure]:

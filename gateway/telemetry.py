@@ -51,10 +51,15 @@ class Telemetry:
         reader = PrometheusMetricReader(registry=self.registry, scope_info_enabled=False)
         self.meter_provider = MeterProvider(metric_readers=[reader], resource=resource)
         self.tracer_provider = TracerProvider(resource=resource)
+        # Spans cost CPU on every message; without anywhere to send them they are not made
+        # (the trace context a message already carries is still passed on).
+        self.tracing = True
         if self.span_exporter is not None:
             self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.span_exporter))
         elif (otlp := _otlp_exporter()) is not None:
             self.tracer_provider.add_span_processor(BatchSpanProcessor(otlp))
+        else:
+            self.tracing = False
         self.tracer = self.tracer_provider.get_tracer("bandgate")
         meter = self.meter_provider.get_meter("bandgate")
         count = "{message}"
