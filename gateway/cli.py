@@ -43,6 +43,7 @@ def gateway(
         port=settings.port,
         workers=settings.workers,
         log_level="info",
+        access_log=settings.access_log,
     )
 
 

@@ -21,6 +21,9 @@ class GatewaySettings(BrokerSettings):
     declare_topology: bool = Field(
         default=True, description="apply the topology on connect (idempotent)"
     )
+    access_log: bool = Field(
+        default=True, description="log every request (costs CPU at high request rates)"
+    )
     connection_name: str = "bandgate-gateway"
     auth_enabled: bool = Field(
         default=True, description="require bearer tokens on /v1/ (bandgate dev turns it off)"
