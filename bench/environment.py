@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import select
+import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -78,3 +81,22 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise ValueError(f"no VmRSS for process {pid}")
+
+
+def wait_for_line(process: subprocess.Popen[bytes], expected: str, timeout: float) -> None:
+    """Read an unbuffered child's stdout until the line `expected`; RuntimeError when the
+    child exits or says nothing of the kind within `timeout` seconds."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise RuntimeError(f"no {expected!r} from {process.args!r} in {timeout:g} s")
+        readable, _, _ = select.select([process.stdout], [], [], remaining)
+        if not readable:
+            continue
+        line = process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{process.args!r} exited before saying {expected!r}")
+        if line.decode().strip() == expected:
+            return

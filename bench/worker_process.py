@@ -1,0 +1,236 @@
+"""The consuming side of the consume, priority and memory benchmarks, in a process of its own.
+
+`python -m bench.worker_process CONFIG` (CONFIG: a `WorkerConfig` as JSON) runs one of:
+
+- `bandgate`: the real consumer library as `bandgate worker` runs it (`ConsumerApp`,
+  `@app.consumer`, `Worker.serve()`: waterfall dispatch, settling, telemetry, signals);
+- `plain`: the baseline, a plain aio-pika consumer: one channel per queue with its prefetch,
+  an `asyncio.Semaphore` of `concurrency` slots taken in arrival order, ack after the handler.
+
+Both run the same handler: record the message, then sleep `handler_ms` (nothing at 0). The
+process prints `ready` once it consumes, stops after `expect` messages (0: on SIGTERM) and
+writes what it recorded to `out` as JSON. `WorkerProcess` is the parent's handle on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import aio_pika
+import orjson
+
+from bench.environment import cpu_seconds, wait_for_line
+
+Kind = Literal["bandgate", "plain"]
+
+
+@dataclass
+class WorkerConfig:
+    kind: Kind
+    amqp_url: str
+    concurrency: int
+    handler_ms: float = 0.0
+    queue: str = "orders"  # bandgate: the logical queue
+    prefetch: dict[str, int] | None = None  # bandgate: per band, instead of the defaults
+    queues: list[tuple[str, int]] = field(default_factory=list)  # plain: (queue, prefetch)
+    expect: int = 0  # stop after this many messages; 0: run until SIGTERM
+    warmup: int = 1  # the drain is timed from this message on
+    run: str = ""  # hot messages of other runs count as background
+    broker_pid: int | None = None  # to read the broker's CPU time at the first and last message
+    out: str = ""
+
+
+class Recorder:
+    """What the handler saw.
+
+    Hot messages (payloads with `seq`, published by `bench.paced_publisher`) get their wait,
+    handler start minus publish time; everything else counts as background, per wall-clock
+    second. The `warmup`-th and the last message mark the drain time and the CPU spent in between.
+    """
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.handled = 0
+        self.waits: dict[int, float] = {}
+        self.background: Counter[int] = Counter()
+        self.marks: dict[str, float] = {}
+        self.on_done: Callable[[], None] = lambda: None
+
+    def record(self, payload: Any) -> None:
+        now = time.time()
+        if isinstance(payload, dict) and "seq" in payload and payload.get("run") == self.config.run:
+            self.waits[int(payload["seq"])] = now - float(payload["t"])
+        else:
+            self.background[int(now)] += 1
+        self.handled += 1
+        if self.handled == self.config.warmup:
+            self._mark("first")
+        if self.handled == self.config.expect:
+            self._mark("last")
+            self.on_done()
+
+    def _mark(self, name: str) -> None:
+        self.marks[f"{name}_at"] = time.perf_counter()
+        self.marks[f"{name}_cpu"] = time.process_time()
+        self.marks[f"{name}_broker_cpu"] = cpu_seconds(self.config.broker_pid)
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "handled": self.handled,
+            "waits": {str(seq): wait for seq, wait in self.waits.items()},
+            "background": {str(second): n for second, n in self.background.items()},
+            **self.marks,
+        }
+
+
+async def run_bandgate(config: WorkerConfig, recorder: Recorder) -> None:
+    from consumers import ConsumerApp, Message
+    from consumers.settings import WorkerSettings
+    from consumers.worker import Worker
+
+    settings = WorkerSettings(
+        amqp_url=config.amqp_url, declare_topology=False, shutdown_grace_seconds=2.0
+    )
+    app = ConsumerApp(settings)
+    pause = config.handler_ms / 1000
+
+    @app.consumer(config.queue, concurrency=config.concurrency, prefetch=config.prefetch)
+    async def handle(msg: Message) -> None:
+        recorder.record(msg.payload)
+        if pause:
+            await asyncio.sleep(pause)
+
+    worker = Worker(app)
+    recorder.on_done = worker.stop
+    announce = asyncio.create_task(_announce(worker.ready))
+    try:
+        await worker.serve()
+    finally:
+        announce.cancel()
+
+
+async def run_plain(config: WorkerConfig, recorder: Recorder) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    recorder.on_done = stop.set
+    slots = asyncio.Semaphore(config.concurrency)
+    pause = config.handler_ms / 1000
+
+    async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        async with slots:
+            recorder.record(orjson.loads(message.body))
+            if pause:
+                await asyncio.sleep(pause)
+            await message.ack()
+
+    connection = await aio_pika.connect(config.amqp_url)
+    async with connection:
+        consuming = []
+        for name, prefetch in config.queues:
+            channel = await connection.channel()
+            await channel.set_qos(prefetch_count=prefetch)
+            queue = await channel.get_queue(name)
+            consuming.append((queue, await queue.consume(on_message)))
+        print("ready", flush=True)
+        await stop.wait()
+        for queue, tag in consuming:
+            await queue.cancel(tag)
+        with contextlib.suppress(TimeoutError):  # let the handlers in hand finish and ack
+            async with asyncio.timeout(5):
+                for _ in range(config.concurrency):
+                    await slots.acquire()
+
+
+async def _announce(ready: asyncio.Event) -> None:
+    await ready.wait()
+    print("ready", flush=True)
+
+
+def main() -> None:
+    config = WorkerConfig(**json.loads(sys.argv[1]))
+    config.queues = [(name, prefetch) for name, prefetch in config.queues]
+    logging.basicConfig(level=logging.WARNING, format="worker %(levelname)s %(name)s: %(message)s")
+    recorder = Recorder(config)
+    run = run_bandgate if config.kind == "bandgate" else run_plain
+    asyncio.run(run(config, recorder))
+    Path(config.out).write_bytes(orjson.dumps(recorder.result()))
+
+
+class WorkerProcess:
+    """Start a worker process and wait until it consumes; `wait()` or `stop()` for its record."""
+
+    def __init__(self, config: WorkerConfig, start_timeout: float = 60.0) -> None:
+        descriptor, config.out = tempfile.mkstemp(prefix="bench-worker-", suffix=".json")
+        os.close(descriptor)
+        self.config = config
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bench.worker_process", json.dumps(asdict(config))],
+            stdout=subprocess.PIPE,
+            bufsize=0,
+        )
+        self.pid = self.process.pid
+        try:
+            wait_for_line(self.process, "ready", start_timeout)
+        except BaseException:
+            self.kill()
+            raise
+
+    def wait(self, timeout: float) -> dict[str, Any]:
+        """The record, once the worker stopped by itself (after `expect` messages)."""
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise RuntimeError(f"the worker did not finish within {timeout:g} s") from None
+        return self._result()
+
+    def stop(self, timeout: float = 30.0) -> dict[str, Any]:
+        """SIGTERM (a clean shutdown), then the record."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def _result(self) -> dict[str, Any]:
+        if self.process.returncode != 0:
+            raise RuntimeError(f"the worker exited with {self.process.returncode}")
+        result: dict[str, Any] = orjson.loads(Path(self.config.out).read_bytes())
+        return result
+
+    def __enter__(self) -> WorkerProcess:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.kill()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.config.out)
+
+
+if __name__ == "__main__":
+    main()
