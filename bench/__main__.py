@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.consume import run_consume
 from bench.delay import run_delay
 from bench.environment import BenchBroker, bench_broker
 from bench.publish import run_publish
@@ -22,23 +23,28 @@ Runner = Callable[[BenchBroker, argparse.Namespace], list[dict[str, Any]]]
 BENCHMARKS: dict[str, Runner] = {
     "publish": lambda broker, args: run_publish(broker, args.messages),
     "delay": lambda broker, args: run_delay(broker),
+    "consume": lambda broker, args: run_consume(broker),
 }
 
 
 def table(title: str, rows: list[dict[str, Any]]) -> str:
     columns = [key for key in rows[0] if key != "name"]
     width = max(len(row["name"]) for row in rows) + 2
-    lines = [title, f"{'':<{width}}" + "".join(f"{c:>14}" for c in columns)]
+    widths = [max(12, len(c) + 2) for c in columns]
+    lines = [
+        title,
+        f"{'':<{width}}" + "".join(f"{c:>{w}}" for c, w in zip(columns, widths, strict=True)),
+    ]
     for row in rows:
-        cells = "".join(_cell(row.get(c)) for c in columns)
+        cells = "".join(_cell(row.get(c), w) for c, w in zip(columns, widths, strict=True))
         lines.append(f"{row['name']:<{width}}{cells}")
     return "\n".join(lines)
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, width: int) -> str:
     if isinstance(value, float):
-        return f"{value:>14.2f}" if abs(value) < 100 else f"{value:>14.0f}"
-    return f"{value!s:>14}"
+        return f"{value:>{width}.2f}" if abs(value) < 100 else f"{value:>{width}.0f}"
+    return f"{value!s:>{width}}"
 
 
 def main() -> None:

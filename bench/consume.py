@@ -1,0 +1,104 @@
+"""Consume throughput: raw aio-pika consume+ack of one queue vs the bandgate worker.
+
+A backlog of `MESSAGES` 1 KiB messages is filled first; then a consumer process of its own
+(`bench.worker_process`) drains it with a no-op handler, `CONCURRENCY` slots:
+
+- raw aio-pika: one quorum queue (`orders.hot`), prefetch `2 x CONCURRENCY`, the prefetch the
+  worker gives its hot band, ack after the handler;
+- the bandgate worker (the real library) with the backlog all in the hot band, and split
+  evenly over the three bands (the target case: a worker draining three bands).
+
+The rate is measured inside the consumer, from its `WARMUP`-th message to its last; the CPU
+seconds of the consumer process and of the broker are read at the same two moments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from typing import Any
+
+import aio_pika
+
+from bench.environment import BenchBroker
+from bench.raw_amqp import fill
+from bench.worker_process import WorkerConfig, WorkerProcess
+from consumers.dispatch import default_prefetch
+from topology import naming, wire
+from topology.declare import apply_topology, broker_version
+from topology.loader import load_topology
+
+MESSAGES = 20_000
+WARMUP = 1_000
+CONCURRENCY = 16
+PAYLOAD = {"data": "x" * 1000}  # about 1 KiB on the wire
+QUEUE = "orders"
+
+
+async def _prepare(broker: BenchBroker) -> list[str]:
+    """Apply the topology and empty the bands; the band queue names, hottest first."""
+    topology = load_topology()
+    connection = await aio_pika.connect(broker.amqp_url)
+    async with connection:
+        await apply_topology(connection, topology)
+        broker.version = broker_version(connection)
+        channel = await connection.channel()
+        names = [naming.band_queue(QUEUE, band.name) for band in topology.queue(QUEUE).bands]
+        for name in names:
+            await (await channel.get_queue(name)).purge()
+    return names
+
+
+def _fill(broker: BenchBroker, priorities: list[int]) -> None:
+    """MESSAGES messages, an equal share at each of `priorities`, routed as bandgate does."""
+    exchange = load_topology().exchange
+    for index, priority in enumerate(priorities):
+        share = MESSAGES // len(priorities) + (index < MESSAGES % len(priorities))
+        message = wire.encode(wire.Envelope(queue=QUEUE, payload=PAYLOAD, priority=priority))
+        fill(broker.amqp_url, exchange, naming.routing_key(QUEUE, priority), message, share)
+    time.sleep(0.5)  # let the queues settle after the burst
+
+
+def _drain(broker: BenchBroker, name: str, config: WorkerConfig) -> dict[str, Any]:
+    with WorkerProcess(config) as worker:
+        record = worker.wait(timeout=300)
+    handled = MESSAGES - WARMUP
+    seconds = record["last_at"] - record["first_at"]
+    consumer_cpu = record["last_cpu"] - record["first_cpu"]
+    return {
+        "name": name,
+        "rate": handled / seconds,
+        "ratio": 1.0,
+        "consumer_cpu_s": consumer_cpu,
+        "broker_cpu_s": record["last_broker_cpu"] - record["first_broker_cpu"],
+        "consumer_us_per_msg": consumer_cpu / handled * 1e6,
+    }
+
+
+def run_consume(broker: BenchBroker) -> list[dict[str, Any]]:
+    bands = asyncio.run(_prepare(broker))
+    prefetch = default_prefetch("strict", CONCURRENCY, len(bands))
+    raw = WorkerConfig(
+        kind="plain",
+        amqp_url=broker.amqp_url,
+        concurrency=CONCURRENCY,
+        queues=[(bands[0], prefetch[0])],
+        expect=MESSAGES,
+        warmup=WARMUP,
+        broker_pid=broker.pid,
+    )
+    rows = []
+    _fill(broker, [8])
+    rows.append(_drain(broker, f"raw aio-pika, 1 queue, prefetch {prefetch[0]}", raw))
+
+    worker = replace(raw, kind="bandgate", queue=QUEUE, queues=[])
+    prefetches = "/".join(str(p) for p in prefetch)
+    _fill(broker, [8])
+    rows.append(_drain(broker, f"bandgate worker, 1 band, prefetch {prefetches}", worker))
+    _fill(broker, [8, 5, 1])
+    rows.append(_drain(broker, "bandgate worker, 3 bands", worker))
+
+    for row in rows:
+        row["ratio"] = row["rate"] / rows[0]["rate"]
+    return rows
