@@ -9,7 +9,9 @@ A backlog of `MESSAGES` 1 KiB messages is filled first; then a consumer process 
   evenly over the three bands (the target case: a worker draining three bands).
 
 The rate is measured inside the consumer, from its `WARMUP`-th message to its last; the CPU
-seconds of the consumer process and of the broker are read at the same two moments.
+seconds of the consumer process and of the broker are read at the same two moments, and so is
+the machine's, to show what other processes took (`other_cores`: the benchmark machine is
+shared; each drain starts once it is quiet, but others may start meanwhile).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import aio_pika
 
-from bench.environment import BenchBroker
+from bench.environment import BenchBroker, wait_for_quiet
 from bench.raw_amqp import fill
 from bench.worker_process import WorkerConfig, WorkerProcess
 from consumers.dispatch import default_prefetch
@@ -61,18 +63,22 @@ def _fill(broker: BenchBroker, priorities: list[int]) -> None:
 
 
 def _drain(broker: BenchBroker, name: str, config: WorkerConfig) -> dict[str, Any]:
+    wait_for_quiet()
     with WorkerProcess(config) as worker:
         record = worker.wait(timeout=300)
     handled = MESSAGES - WARMUP
     seconds = record["last_at"] - record["first_at"]
     consumer_cpu = record["last_cpu"] - record["first_cpu"]
+    broker_cpu = record["last_broker_cpu"] - record["first_broker_cpu"]
+    busy = record["last_machine_busy"] - record["first_machine_busy"]
     return {
         "name": name,
         "rate": handled / seconds,
         "ratio": 1.0,
         "consumer_cpu_s": consumer_cpu,
-        "broker_cpu_s": record["last_broker_cpu"] - record["first_broker_cpu"],
+        "broker_cpu_s": broker_cpu,
         "consumer_us_per_msg": consumer_cpu / handled * 1e6,
+        "other_cores": (busy - consumer_cpu - broker_cpu) / seconds,
     }
 
 

@@ -61,6 +61,28 @@ def cpu_seconds(pid: int | None) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy_seconds() -> float:
+    """CPU time every core of the machine spent busy so far (all processes), from /proc/stat."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_quiet(threshold: float = 0.3, patience: float = 20.0) -> float:
+    """Wait until the machine is quiet: less than `threshold` cores busy over a second (other
+    people's processes share the benchmark machine); give up after `patience` seconds.
+
+    Returns the last level seen, in cores, for the report.
+    """
+    deadline = time.monotonic() + patience
+    while True:
+        before = machine_busy_seconds()
+        time.sleep(1.0)
+        busy = machine_busy_seconds() - before
+        if busy < threshold or time.monotonic() > deadline:
+            return busy
+
+
 def _all_stats() -> dict[int, tuple[int, int]]:
     """pid -> (parent pid, CPU ticks: user, system and waited-for children's)."""
     stats = {}

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import aio_pika
 import orjson
 
-from bench.environment import cpu_seconds, wait_for_line
+from bench.environment import cpu_seconds, machine_busy_seconds, wait_for_line
 
 Kind = Literal["bandgate", "plain"]
 
@@ -88,6 +88,7 @@ class Recorder:
         self.marks[f"{name}_at"] = time.perf_counter()
         self.marks[f"{name}_cpu"] = time.process_time()
         self.marks[f"{name}_broker_cpu"] = cpu_seconds(self.config.broker_pid)
+        self.marks[f"{name}_machine_busy"] = machine_busy_seconds()
 
     def result(self) -> dict[str, Any]:
         return {
