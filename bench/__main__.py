@@ -15,6 +15,7 @@ from typing import Any
 from bench.consume import run_consume
 from bench.delay import run_delay
 from bench.environment import BenchBroker, bench_broker
+from bench.priority import run_priority
 from bench.publish import run_publish
 
 RESULTS = Path("bench/results")
@@ -24,6 +25,7 @@ BENCHMARKS: dict[str, Runner] = {
     "publish": lambda broker, args: run_publish(broker, args.messages),
     "delay": lambda broker, args: run_delay(broker),
     "consume": lambda broker, args: run_consume(broker),
+    "priority": lambda broker, args: run_priority(broker),
 }
 
 
