@@ -15,6 +15,7 @@ from typing import Any
 from bench.consume import run_consume
 from bench.delay import run_delay
 from bench.environment import BenchBroker, bench_broker
+from bench.memory import run_memory
 from bench.priority import run_priority
 from bench.publish import run_publish
 
@@ -26,6 +27,7 @@ BENCHMARKS: dict[str, Runner] = {
     "delay": lambda broker, args: run_delay(broker),
     "consume": lambda broker, args: run_consume(broker),
     "priority": lambda broker, args: run_priority(broker),
+    "memory": lambda broker, args: run_memory(broker),
 }
 
 
