@@ -245,10 +245,10 @@ def show(topology: TopologyOption = None) -> None:
                 spec.name if index == 0 else "",
                 band.name,
                 _priorities(band),
-                naming.band_queue(spec.name, band.name),
+                _band_queues(spec, band),
                 _band_type(band),
                 _aging(spec, band),
-                _retry(spec.name, spec.retry) if index == 0 else "",
+                (_retry(spec.name, spec.retry) + _ordering(spec)) if index == 0 else "",
                 end_section=index == len(spec.bands) - 1,
             )
     out = _stdout()
@@ -259,6 +259,21 @@ def show(topology: TopologyOption = None) -> None:
 
 def _priorities(band: Band) -> str:
     return str(band.low) if band.low == band.high else f"{band.low}-{band.high}"
+
+
+def _band_queues(spec: QueueSpec, band: Band) -> str:
+    queues = spec.band_queues(band)
+    if len(queues) == 1:
+        return queues[0]
+    return f"{queues[0]} .. {queues[-1]} ({len(queues)} shards)"
+
+
+def _ordering(spec: QueueSpec) -> str:
+    if spec.ordering_required:
+        return f"; strictly serial, failures: {spec.effective_failure_strategy}"
+    if spec.ordered:
+        return f"; ordered per partition key, failures: {spec.effective_failure_strategy}"
+    return ""
 
 
 def _band_type(band: Band) -> str:

@@ -112,9 +112,28 @@ async def _apply(channel: AbstractChannel, objects: Plan) -> None:
 
 async def _declare_exchange(channel: AbstractChannel, exchange: ExchangeDecl) -> None:
     try:
-        await channel.declare_exchange(exchange.name, ExchangeType(exchange.type), durable=True)
+        await declare_exchange(channel, exchange)
     except aiormq.exceptions.ChannelPreconditionFailed as exc:
         raise conflict_error("exchange", exchange.name, exc) from None
+
+
+async def declare_exchange(channel: AbstractChannel, exchange: ExchangeDecl) -> None:
+    """Declare one planned exchange (the same call for the declarer and the doctor's probe)."""
+    try:
+        await channel.declare_exchange(
+            exchange.name,
+            ExchangeType(exchange.type),
+            durable=True,
+            arguments=cast(Arguments, dict(exchange.arguments)),
+        )
+    except aiormq.exceptions.ConnectionCommandInvalid as exc:
+        if exchange.type == "x-consistent-hash":
+            raise TopologyError(
+                f"exchange {exchange.name!r} needs the rabbitmq_consistent_hash_exchange plugin "
+                "(a sharded band): enable it (`rabbitmq-plugins enable "
+                f"rabbitmq_consistent_hash_exchange`) or remove `shards` ({exc})"
+            ) from None
+        raise
 
 
 async def _declare_queue(channel: AbstractChannel, queue: QueueDecl) -> None:

@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import aiormq
 import httpx
-from aio_pika.abc import AbstractChannel, AbstractConnection, ExchangeType
+from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.common import Arguments
 
 from topology import naming
@@ -32,6 +32,7 @@ from topology.declare import (
     MIN_BROKER_VERSION,
     broker_version,
     conflict_error,
+    declare_exchange,
     parse_version,
     queue_diff_error,
 )
@@ -43,7 +44,7 @@ from topology.objects import ExchangeDecl, QueueDecl, plan
 log = logging.getLogger(__name__)
 
 Severity = Literal["error", "warning", "info"]
-Role = Literal["band", "dlq", "delay"]
+Role = Literal["band", "dlq", "delay", "workers"]
 
 # Quorum queues on 4.x dead-letter (or drop) a message returned this often unless told otherwise.
 DEFAULT_DELIVERY_LIMIT_4X = 20
@@ -225,8 +226,10 @@ def _queue_roles(topology: Topology) -> dict[str, tuple[Role, str, Band | None]]
         roles[naming.delay_level(topology.exchange, level)] = ("delay", "", None)
     for spec in topology.queues.values():
         for band in spec.bands:
-            roles[naming.band_queue(spec.name, band.name)] = ("band", spec.name, band)
+            for name in spec.band_queues(band):
+                roles[name] = ("band", spec.name, band)
         roles[naming.dead_letter_queue(spec.name)] = ("dlq", spec.name, None)
+        roles[naming.workers_queue(topology.exchange, spec.name)] = ("workers", spec.name, None)
     return roles
 
 
@@ -242,6 +245,8 @@ def policy_findings(
     findings: list[Finding] = []
     for decl in plan(topology).queues:
         role, queue, band = roles[decl.name]
+        if role == "workers":
+            continue  # holds no messages; only its consumer count matters
         queue_type = str(decl.arguments.get("x-queue-type", "classic"))
         source, definition = effective_policy(decl.name, queue_type, policies, operator_policies)
         where = f"policy {source!r}" if source else ""
@@ -495,7 +500,7 @@ async def check_broker(
         BandOrdering(
             spec.name,
             band.name,
-            naming.band_queue(spec.name, band.name),
+            ", ".join(spec.band_queues(band)),
             band.type,
             *band_ordering(parsed, band),
         )
@@ -569,14 +574,7 @@ async def _read_management(
     findings += policy_findings(topology, version, policies, operator)
     types = {str(item.get("name")) for item in overview.get("exchange_types", [])}
     if "x-consistent-hash" not in types:
-        findings.append(
-            _warning(
-                "consistent_hash_missing",
-                "plugins",
-                "rabbitmq_consistent_hash_exchange is not enabled: per-key order across worker "
-                "processes (partition_key) needs it",
-            )
-        )
+        findings.append(consistent_hash_missing(topology))
     states = {str(flag.get("name")): str(flag.get("state")) for flag in flags}
     if states.get("stream_queue", "enabled") != "enabled":
         findings.append(
@@ -597,6 +595,30 @@ def _policy(item: Mapping[str, Any]) -> Policy:
         apply_to=str(item.get("apply-to", "all")),
         priority=int(item.get("priority", 0)),
         definition=dict(item.get("definition") or {}),
+    )
+
+
+def consistent_hash_missing(topology: Topology) -> Finding:
+    """The finding for a broker without the consistent-hash exchange: an error when a band is
+    sharded (its exchange cannot be declared), a warning otherwise."""
+    sharded = [
+        f"{spec.name}.{band.name}"
+        for spec in topology.queues.values()
+        for band in spec.bands
+        if band.shards > 1
+    ]
+    if sharded:
+        return _error(
+            "consistent_hash_missing",
+            "plugins",
+            "rabbitmq_consistent_hash_exchange is not enabled, and sharded bands need it "
+            f"({', '.join(sharded)}): enable it",
+        )
+    return _warning(
+        "consistent_hash_missing",
+        "plugins",
+        "rabbitmq_consistent_hash_exchange is not enabled: bands cannot be sharded "
+        "(`shards`) on this broker",
     )
 
 
@@ -656,7 +678,7 @@ class _Prober:
             return []
         try:
             channel = await self._open()
-            await channel.declare_exchange(exchange.name, ExchangeType(exchange.type), durable=True)
+            await declare_exchange(channel, exchange)
         except aiormq.exceptions.ChannelPreconditionFailed as exc:
             return [
                 _error(
@@ -697,6 +719,7 @@ __all__ = [
     "Policy",
     "band_ordering",
     "check_broker",
+    "consistent_hash_missing",
     "effective_policy",
     "exchange_conflicts",
     "log_report",

@@ -22,7 +22,7 @@ import json
 from typing import Literal, TypedDict
 
 from topology.model import Topology
-from topology.objects import QueueArguments, plan
+from topology.objects import ExchangeType, QueueArguments, plan
 
 DEV_USER = "bandgate"
 DEV_PASSWORD = "bandgate"  # for the local docker-compose broker only, like guest/guest
@@ -52,7 +52,7 @@ class PermissionDefinition(TypedDict):
 class ExchangeDefinition(TypedDict):
     name: str
     vhost: str
-    type: Literal["topic", "direct"]
+    type: ExchangeType
     durable: bool
     auto_delete: bool
     internal: bool
@@ -106,7 +106,7 @@ def definitions(topology: Topology, vhost: str = "/", *, dev_user: bool = False)
             durable=True,
             auto_delete=False,
             internal=False,
-            arguments={},
+            arguments=dict(exchange.arguments),
         )
         for exchange in objects.exchanges
     ]

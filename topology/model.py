@@ -6,7 +6,7 @@ consumers, declarer, exporter, CLI) reads the same model.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -15,6 +15,12 @@ from topology.delay import DelayLadder
 from topology.priority import MAX_PRIORITY, MIN_PRIORITY
 
 QueueType = Literal["quorum", "classic"]
+FailureStrategy = Literal["skip", "block", "block_and_dlq"]
+DEFAULT_FAILURE_STRATEGY: FailureStrategy = "block_and_dlq"
+
+MAX_SHARDS = 64
+# The one band a strictly serial queue gets when it names none.
+SERIAL_BAND = "all"
 
 
 class _Frozen(BaseModel):
@@ -32,6 +38,12 @@ class Band(_Frozen):
     )
     max_length: int | None = Field(default=None, gt=0)
     weight: float | None = Field(default=None, gt=0, description="share under `weighted`")
+    shards: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_SHARDS,
+        description="queues the band is spread over, by a consistent hash of the shard key",
+    )
 
     @field_validator("name")
     @classmethod
@@ -94,11 +106,26 @@ def default_bands() -> tuple[Band, ...]:
 
 
 class QueueSpec(_Frozen):
-    """A logical queue: what producers name, split into bands hottest first."""
+    """A logical queue: what producers name, split into bands hottest first.
+
+    `ordered`: messages with one partition key are handled one at a time, in publish order,
+    while they stay in one band: every band queue (each shard) has a single active consumer,
+    and failures are retried in place as `failure_strategy` says. `ordering_required`: every
+    message in publish order, one at a time, cluster-wide; implies `ordered`, one band (by
+    default `all`, priorities 0-9) of one shard, and refuses `skip`.
+    """
 
     name: str
     bands: tuple[Band, ...] = Field(default_factory=default_bands)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    ordered: bool = False
+    ordering_required: bool = False
+    failure_strategy: FailureStrategy | None = Field(
+        default=None,
+        description="ordered queues: skip (dead-letter at the first failure), block (retry in "
+        "place for ever) or block_and_dlq (the default: retry in place up to max_attempts, "
+        "then dead-letter)",
+    )
 
     @field_validator("name")
     @classmethod
@@ -106,6 +133,15 @@ class QueueSpec(_Frozen):
         if not naming.is_valid_name(name):
             raise ValueError(f"queue name {name!r} is invalid: {naming.NAME_RULE}")
         return name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _serial_defaults(cls, data: Any) -> Any:
+        """A strictly serial queue is ordered and, unless it names its bands, has one band."""
+        if isinstance(data, dict) and data.get("ordering_required") is True:
+            defaults = {"ordered": True, "bands": [{"name": SERIAL_BAND, "priorities": [0, 9]}]}
+            data = {**defaults, **data}
+        return data
 
     @model_validator(mode="after")
     def _bands_partition_priorities(self) -> QueueSpec:
@@ -146,6 +182,39 @@ class QueueSpec(_Frozen):
             )
         return self
 
+    @model_validator(mode="after")
+    def _ordering_is_consistent(self) -> QueueSpec:
+        if self.failure_strategy is not None and not self.ordered:
+            raise ValueError(
+                "failure_strategy applies to ordered queues only: set ordered = true, or leave "
+                "failure_strategy out (failures of other queues are retried through the delay "
+                "exchanges)"
+            )
+        if not self.ordering_required:
+            return self
+        if not self.ordered:
+            raise ValueError("ordering_required implies ordered: leave ordered out or set it true")
+        if self.failure_strategy == "skip":
+            raise ValueError(
+                "failure_strategy 'skip' is refused with ordering_required: a skipped message "
+                "lets later ones overtake it; use 'block' or 'block_and_dlq'"
+            )
+        if len(self.bands) != 1:
+            names = ", ".join(repr(band.name) for band in self.bands)
+            raise ValueError(
+                f"ordering_required handles every message in publish order, so the queue has "
+                f"one band covering priorities 0-9 (priorities would reorder it), not "
+                f"{len(self.bands)} ({names}); leave bands out to get one named "
+                f"{SERIAL_BAND!r}"
+            )
+        band = self.bands[0]
+        if band.shards != 1:
+            raise ValueError(
+                f"band {band.name!r} has shards = {band.shards}, but ordering_required means "
+                "one queue with one active consumer: remove shards"
+            )
+        return self
+
     def band_for(self, priority: int) -> Band:
         for band in self.bands:
             if band.covers(priority):
@@ -157,6 +226,22 @@ class QueueSpec(_Frozen):
             if band.name == name:
                 return band
         raise KeyError(f"queue {self.name!r} has no band {name!r}")
+
+    @property
+    def effective_failure_strategy(self) -> FailureStrategy:
+        return self.failure_strategy or DEFAULT_FAILURE_STRATEGY
+
+    def band_queues(self, band: Band) -> tuple[str, ...]:
+        """The RabbitMQ queues holding `band`'s messages: its queue, or its shards in order."""
+        if band.shards == 1:
+            return (naming.band_queue(self.name, band.name),)
+        return tuple(naming.shard_queue(self.name, band.name, i) for i in range(band.shards))
+
+    @property
+    def shares_shards(self) -> bool:
+        """Workers share the shards out among themselves: an ordered queue with a sharded band
+        (each shard has one active consumer, and without sharing the first worker gets all)."""
+        return self.ordered and any(band.shards > 1 for band in self.bands)
 
     def band_above(self, band: Band) -> Band | None:
         index = self.bands.index(band)

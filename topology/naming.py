@@ -28,7 +28,28 @@ def routing_key(queue: str, priority: int) -> str:
 
 
 def band_queue(queue: str, band: str) -> str:
+    """The queue of a band of one shard (the default)."""
     return f"{queue}.{band}"
+
+
+def shard_queue(queue: str, band: str, shard: int) -> str:
+    """Shard `shard` (0-based) of a sharded band."""
+    return f"{queue}.{band}.{shard}"
+
+
+def shard_exchange(exchange: str, queue: str, band: str) -> str:
+    """Consistent-hash exchange spreading a sharded band's messages over its shard queues.
+
+    The word `shards` keeps it apart from every other name under the deployment's exchange
+    (`<exchange>.dead`, `<exchange>.delay.NN`, `<exchange>.delay.out`).
+    """
+    return f"{exchange}.shards.{queue}.{band}"
+
+
+def workers_queue(exchange: str, queue: str) -> str:
+    """Queue that holds no messages: every worker of `queue` consumes it, so its consumer count
+    is the number of workers (ordered sharded queues share their shards out by it)."""
+    return f"{exchange}.workers.{queue}"
 
 
 def dead_letter_queue(queue: str) -> str:

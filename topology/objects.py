@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, TypedDict
 
-from topology import naming
+from topology import naming, wire
 from topology.model import Band, QueueSpec, Topology
 
 QueueArguments = TypedDict(
@@ -23,15 +23,21 @@ QueueArguments = TypedDict(
         "x-dead-letter-exchange": str,
         "x-dead-letter-routing-key": str,
         "x-dead-letter-strategy": str,
+        "x-single-active-consumer": bool,
     },
     total=False,
 )
+ExchangeType = Literal["topic", "direct", "x-consistent-hash"]
+
+# Every shard gets the same weight (one bucket of the consistent hash).
+SHARD_WEIGHT = "1"
 
 
 @dataclass(frozen=True)
 class ExchangeDecl:
     name: str
-    type: Literal["topic", "direct"]
+    type: ExchangeType
+    arguments: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,20 @@ def band_arguments(topology: Topology, queue: QueueSpec, band: Band) -> QueueArg
         args["x-max-priority"] = band.high
     if band.max_length is not None:
         args["x-max-length"] = band.max_length
+    if queue.ordered:
+        # One consumer in the cluster at a time; when it goes, its unacked messages return to
+        # the head of the queue before the next consumer gets any, so order holds.
+        args["x-single-active-consumer"] = True
     return args
+
+
+def shard_exchange(topology: Topology, queue: QueueSpec, band: Band) -> ExchangeDecl:
+    """A sharded band's consistent-hash exchange, hashing the shard key every message carries."""
+    return ExchangeDecl(
+        naming.shard_exchange(topology.exchange, queue.name, band.name),
+        "x-consistent-hash",
+        {"hash-header": wire.SHARD_KEY},
+    )
 
 
 def _quorum() -> QueueArguments:
@@ -118,15 +137,27 @@ def plan(topology: Topology) -> Plan:
 
     for spec in topology.queues.values():
         for band in spec.bands:
-            band_name = naming.band_queue(spec.name, band.name)
-            queues.append(QueueDecl(band_name, band_arguments(topology, spec, band)))
+            arguments = band_arguments(topology, spec, band)
+            band_queues = spec.band_queues(band)
+            queues += [QueueDecl(name, arguments) for name in band_queues]
+            # The band's priorities route to its queue, or to its hash exchange in front of
+            # its shards (messages for it arrive through the main exchange and the delay exit).
+            target: str = band_queues[0]
+            kind: Literal["queue", "exchange"] = "queue"
+            if band.shards > 1:
+                hashing = shard_exchange(topology, spec, band)
+                exchanges.append(hashing)
+                target, kind = hashing.name, "exchange"
+                bindings += [BindingDecl(target, name, SHARD_WEIGHT) for name in band_queues]
             for priority in range(band.low, band.high + 1):
                 key = naming.routing_key(spec.name, priority)
-                bindings.append(BindingDecl(exchange, band_name, key))
+                bindings.append(BindingDecl(exchange, target, key, kind))
                 pattern = naming.delay_exit_pattern(spec.name, priority)
-                bindings.append(BindingDecl(exit_exchange, band_name, pattern))
+                bindings.append(BindingDecl(exit_exchange, target, pattern, kind))
         dlq = naming.dead_letter_queue(spec.name)
         queues.append(QueueDecl(dlq, _quorum()))
         bindings.append(BindingDecl(dead, dlq, spec.name))
+        if spec.shares_shards:
+            queues.append(QueueDecl(naming.workers_queue(exchange, spec.name), _quorum()))
 
     return Plan(tuple(exchanges), tuple(queues), tuple(bindings))

@@ -22,13 +22,17 @@ HEADER_PREFIX = "x-bandgate-"
 ENQUEUED_AT = "x-bandgate-enqueued-at"  # milliseconds since the epoch, UTC
 DELIVER_AT = "x-bandgate-deliver-at"  # milliseconds since the epoch, UTC
 PARTITION_KEY = "x-bandgate-partition-key"
+# What a sharded band hashes to pick the shard: the partition key, or the message id when there
+# is none. Every message carries it, so a band can be sharded without changing any publisher.
+SHARD_KEY = "x-bandgate-shard-key"
 ATTEMPT = "x-bandgate-attempt"  # 1 for the first delivery; retries count up
 QUEUE = "x-bandgate-queue"
 TRACE_HEADERS = ("traceparent", "tracestate")
 
 # Dead-letter headers: why, how often, from which band and when a message was given up on.
 FAILURE_REASON = "x-bandgate-failure-reason"  # "ValueError: ..." (cut to 1000 characters)
-FAILURE_CAUSE = "x-bandgate-failure-cause"  # rejected | max-attempts | delivery-limit | malformed
+# rejected | max-attempts | delivery-limit | malformed | skipped (an ordered queue's `skip`)
+FAILURE_CAUSE = "x-bandgate-failure-cause"
 FAILURE_TYPE = "x-bandgate-failure-type"  # the exception's class name, when there was one
 ATTEMPTS = "x-bandgate-attempts"  # attempts made, counting the last one
 ORIGINAL_BAND = "x-bandgate-original-band"  # the band it was consumed from the last time
@@ -89,6 +93,11 @@ class Envelope:
     def body(self) -> bytes:
         return orjson.dumps(self.payload)
 
+    @property
+    def shard_key(self) -> str:
+        """Messages with one shard key land in one shard of a sharded band."""
+        return self.message_id if self.partition_key is None else self.partition_key
+
     def delay_ms(self, at: datetime | None = None) -> float:
         """How long from `at` (default now) until the message is due; 0 when it is due."""
         if self.deliver_at is None:
@@ -107,6 +116,7 @@ def encode(envelope: Envelope, body: bytes | None = None) -> aio_pika.Message:
         headers[DELIVER_AT] = to_millis(envelope.deliver_at)
     if envelope.partition_key is not None:
         headers[PARTITION_KEY] = envelope.partition_key
+    headers[SHARD_KEY] = envelope.shard_key
     for name in (*BROKER_DEATH_HEADERS, DELIVERY_COUNT):
         headers.pop(name, None)
     return aio_pika.Message(

@@ -21,7 +21,7 @@ from tests.broker import TestBroker
 from topology import export
 from topology.cli import app
 from topology.declare import apply_topology
-from topology.loader import load_topology
+from topology.loader import load_topology, parse_topology
 from topology.model import Topology
 from topology.objects import plan
 
@@ -110,6 +110,39 @@ def test_imported_definitions_match_apply_topology(
         imported = broker_objects(api, imported_vhost)
         applied = broker_objects(api, applied_vhost)
     assert_same_objects(imported, applied, topology)
+
+
+def test_sharded_and_ordered_bands_import_as_they_apply(broker: TestBroker, amqp_url: str) -> None:
+    """Hash exchanges with their hash-header, exchange-to-exchange bindings, shard weights."""
+    sharded = parse_topology(
+        {
+            "delay": {"levels": 3},
+            "queues": {
+                "orders": {
+                    "ordered": True,
+                    "bands": [
+                        {"name": "hot", "priorities": [5, 9], "shards": 2},
+                        {"name": "cold", "priorities": [0, 4], "shards": 3},
+                    ],
+                },
+                "commands": {"ordering_required": True},
+            },
+        }
+    )
+    asyncio.run(_apply(amqp_url, sharded))
+    applied_vhost = amqp_url.rsplit("/", 1)[1]
+    with broker.fresh_vhost() as imported_vhost, broker.management() as api:
+        import_definitions(api, imported_vhost, sharded)
+        imported = broker_objects(api, imported_vhost)
+        applied = broker_objects(api, applied_vhost)
+    assert_same_objects(imported, applied, sharded)
+    hashing = imported["exchanges"]["bandgate.shards.orders.cold"]
+    assert hashing["type"] == "x-consistent-hash"
+    assert hashing["arguments"] == {"hash-header": "x-bandgate-shard-key"}
+    assert imported["queues"]["orders.cold.2"]["arguments"]["x-single-active-consumer"] is True
+    assert ("bandgate", "bandgate.shards.orders.cold", "exchange", "orders.3", "{}") in (
+        imported["bindings"]
+    )
 
 
 def test_apply_conflict_exits_1_with_the_difference(broker: TestBroker, amqp_url: str) -> None:

@@ -44,3 +44,13 @@ def test_valid_names(name: str) -> None:
 def test_invalid_names(name: str) -> None:
     """No dots, '*' or '#': the last two words of a routing key are always queue.priority."""
     assert not naming.is_valid_name(name)
+
+
+def test_shard_names() -> None:
+    assert naming.shard_queue("orders", "cold", 0) == "orders.cold.0"
+    assert naming.shard_exchange("bandgate", "orders", "cold") == "bandgate.shards.orders.cold"
+    assert naming.workers_queue("bandgate", "orders") == "bandgate.workers.orders"
+    # A queue named `delay` with a band `out` cannot take the delay exit's name.
+    assert naming.shard_exchange("bandgate", "delay", "out") != naming.delay_exit_exchange(
+        "bandgate"
+    )

@@ -274,3 +274,115 @@ def test_the_model_is_frozen() -> None:
     spec = QueueSpec(name="orders")
     with pytest.raises(ValidationError):
         spec.name = "other"
+
+
+def test_shards_ordered_and_failure_strategy_load(tmp_path: Path) -> None:
+    text = (
+        ORDERS_HEADER
+        + 'ordered = true\nfailure_strategy = "skip"\n'
+        + band("hot", 5, 9)
+        + band("cold", 0, 4, "shards = 4")
+    )
+    orders = load_topology(write(tmp_path, text)).queue("orders")
+    assert orders.ordered
+    assert not orders.ordering_required
+    assert orders.failure_strategy == "skip"
+    assert [b.shards for b in orders.bands] == [1, 4]
+    assert orders.band_queues(orders.band("hot")) == ("orders.hot",)
+    assert orders.band_queues(orders.band("cold")) == tuple(f"orders.cold.{i}" for i in range(4))
+    assert orders.shares_shards
+
+
+def test_ordered_queues_block_and_dead_letter_by_default() -> None:
+    spec = QueueSpec(name="orders", ordered=True)
+    assert spec.failure_strategy is None
+    assert spec.effective_failure_strategy == "block_and_dlq"
+    assert not spec.shares_shards  # no band is sharded: nothing to share out
+
+
+def test_a_strictly_serial_queue_is_ordered_with_one_band_of_one_shard() -> None:
+    spec = QueueSpec.model_validate({"name": "commands", "ordering_required": True})
+    assert spec.ordered
+    assert [(b.name, b.priorities, b.shards) for b in spec.bands] == [("all", (0, 9), 1)]
+    assert spec.band_queues(spec.bands[0]) == ("commands.all",)
+    named = QueueSpec.model_validate(
+        {
+            "name": "commands",
+            "ordering_required": True,
+            "failure_strategy": "block",
+            "bands": [{"name": "serial", "priorities": [0, 9]}],
+        }
+    )
+    assert named.bands[0].name == "serial"
+    assert named.failure_strategy == "block"
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        pytest.param(
+            'failure_strategy = "block"\n',
+            "queue 'orders': failure_strategy applies to ordered queues only",
+            id="strategy-without-ordered",
+        ),
+        pytest.param(
+            'ordered = true\nfailure_strategy = "retry"\n',
+            "queue 'orders', field 'failure_strategy': "
+            "Input should be 'skip', 'block' or 'block_and_dlq'",
+            id="unknown-strategy",
+        ),
+        pytest.param(
+            'ordering_required = true\nfailure_strategy = "skip"\n',
+            "queue 'orders': failure_strategy 'skip' is refused with ordering_required: a "
+            "skipped message lets later ones overtake it; use 'block' or 'block_and_dlq'",
+            id="serial-skip",
+        ),
+        pytest.param(
+            "ordering_required = true\nordered = false\n",
+            "queue 'orders': ordering_required implies ordered",
+            id="serial-not-ordered",
+        ),
+        pytest.param(
+            "ordering_required = true\n" + band("hot", 5, 9) + band("cold", 0, 4),
+            "queue 'orders': ordering_required handles every message in publish order, so the "
+            "queue has one band covering priorities 0-9 (priorities would reorder it), not 2 "
+            "('hot', 'cold'); leave bands out to get one named 'all'",
+            id="serial-with-bands",
+        ),
+        pytest.param(
+            "ordering_required = true\n" + band("all", 0, 9, "shards = 3"),
+            "queue 'orders': band 'all' has shards = 3, but ordering_required means one queue "
+            "with one active consumer",
+            id="serial-sharded",
+        ),
+        pytest.param(
+            band("hot", 5, 9) + band("cold", 0, 4, "shards = 0"),
+            "queue 'orders', band 'cold', field 'shards': Input should be greater than or equal "
+            "to 1",
+            id="no-shards",
+        ),
+        pytest.param(
+            band("hot", 5, 9) + band("cold", 0, 4, "shards = 65"),
+            "queue 'orders', band 'cold', field 'shards': Input should be less than or equal to 64",
+            id="too-many-shards",
+        ),
+    ],
+)
+def test_invalid_ordering_names_file_queue_and_band(
+    tmp_path: Path, settings: str, expected: str
+) -> None:
+    message = load_error(tmp_path, ORDERS_HEADER + settings)
+    assert expected in message, message
+
+
+def test_a_topology_survives_a_round_trip_through_its_dump() -> None:
+    topology = parse_topology(
+        {
+            "queues": {
+                "orders": {"ordered": True, "failure_strategy": "skip"},
+                "emails": {"bands": [{"name": "all", "priorities": [0, 9], "shards": 3}]},
+                "commands": {"ordering_required": True},
+            }
+        }
+    )
+    assert Topology.model_validate(topology.model_dump()) == topology

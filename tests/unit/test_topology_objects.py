@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from topology import naming
+from topology import naming, wire
 from topology.loader import load_topology, parse_topology
 from topology.model import Topology
-from topology.objects import BindingDecl, Plan, QueueDecl, plan
+from topology.objects import BindingDecl, Plan, QueueDecl, band_arguments, plan
 from topology.priority import MAX_PRIORITY, MIN_PRIORITY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,4 +190,89 @@ def test_names_that_look_like_bandgate_objects_do_not_collide() -> None:
     )
     objects = plan(tricky)
     names = [q.name for q in objects.queues]
+    assert len(set(names)) == len(names)
+
+
+SHARDED = parse_topology(
+    {
+        "delay": {"levels": 3},
+        "queues": {
+            "orders": {
+                "ordered": True,
+                "bands": [
+                    {"name": "hot", "priorities": [7, 9], "shards": 2},
+                    {"name": "warm", "priorities": [4, 6], "age_after_seconds": 60},
+                    {"name": "cold", "priorities": [0, 3], "shards": 3, "age_after_seconds": 600},
+                ],
+            },
+            "emails": {"bands": [{"name": "all", "priorities": [0, 9], "shards": 2}]},
+            "commands": {"ordering_required": True},
+        },
+    }
+)
+
+
+def test_a_sharded_band_is_a_hash_exchange_in_front_of_its_shard_queues() -> None:
+    objects = plan(SHARDED)
+    hashing = naming.shard_exchange("bandgate", "orders", "cold")
+    assert hashing == "bandgate.shards.orders.cold"
+    [exchange] = [e for e in objects.exchanges if e.name == hashing]
+    assert exchange.type == "x-consistent-hash"
+    assert exchange.arguments == {"hash-header": wire.SHARD_KEY}
+    shards = [f"orders.cold.{i}" for i in range(3)]
+    assert bindings_from(objects, hashing) == [BindingDecl(hashing, s, "1") for s in shards]
+    # The band's priorities reach the exchange, from the main exchange and the delay exit.
+    for source, key in (("bandgate", naming.routing_key), ("bandgate.delay.out", None)):
+        into = {b.routing_key for b in bindings_from(objects, source) if b.destination == hashing}
+        assert into == {
+            key("orders", p) if key else naming.delay_exit_pattern("orders", p) for p in range(4)
+        }
+        assert all(
+            b.destination_type == "exchange"
+            for b in bindings_from(objects, source)
+            if b.destination == hashing
+        )
+    # No queue is bound straight from the main exchange for a sharded band.
+    assert not any(
+        b.destination.startswith("orders.cold") for b in bindings_from(objects, "bandgate")
+    )
+    assert "orders.cold" not in [q.name for q in objects.queues]
+
+
+def test_shard_queues_are_band_queues_and_ordered_ones_have_one_active_consumer() -> None:
+    objects = plan(SHARDED)
+    orders = SHARDED.queue("orders")
+    for band in orders.bands:
+        expected = band_arguments(SHARDED, orders, band)
+        assert expected["x-single-active-consumer"] is True
+        for name in orders.band_queues(band):
+            assert queue(objects, name).arguments == expected
+    cold = queue(objects, "orders.cold.2").arguments
+    assert cold["x-message-ttl"] == 600_000  # aging works per shard
+    assert cold["x-dead-letter-exchange"] == "bandgate"
+    assert cold["x-dead-letter-routing-key"] == "orders.4"
+    # Unordered sharded bands are plain competing-consumer queues.
+    assert "x-single-active-consumer" not in queue(objects, "emails.all.0").arguments
+    assert queue(objects, "commands.all").arguments["x-single-active-consumer"] is True
+
+
+def test_aging_into_a_sharded_band_goes_through_its_hash_exchange() -> None:
+    objects = plan(SHARDED)
+    warm = queue(objects, "orders.warm").arguments
+    key = warm["x-dead-letter-routing-key"]
+    assert (warm["x-dead-letter-exchange"], key) == ("bandgate", "orders.7")
+    [binding] = [b for b in bindings_from(objects, "bandgate") if b.routing_key == key]
+    assert (binding.destination, binding.destination_type) == (
+        "bandgate.shards.orders.hot",
+        "exchange",
+    )
+
+
+def test_only_ordered_sharded_queues_get_a_workers_queue() -> None:
+    names = [q.name for q in plan(SHARDED).queues]
+    assert naming.workers_queue("bandgate", "orders") == "bandgate.workers.orders"
+    assert "bandgate.workers.orders" in names
+    assert "bandgate.workers.emails" not in names  # sharded, but competing consumers
+    assert "bandgate.workers.commands" not in names  # ordered, one queue
+    assert queue(plan(SHARDED), "bandgate.workers.orders").arguments == {"x-queue-type": "quorum"}
     assert len(set(names)) == len(names)

@@ -103,3 +103,22 @@ def test_millis_round_trip() -> None:
 
 def test_new_ids_are_unique() -> None:
     assert len({wire.new_message_id() for _ in range(100)}) == 100
+
+
+def test_every_message_carries_the_shard_key_its_band_hashes_on() -> None:
+    keyed = wire.encode(Envelope(queue="orders", payload=1, priority=4, partition_key="c-7"))
+    assert keyed.headers[wire.SHARD_KEY] == "c-7"
+    plain = wire.encode(Envelope(queue="orders", payload=1, priority=4, message_id="m-9"))
+    assert plain.headers[wire.SHARD_KEY] == "m-9"
+    # A copy (retry, dead letter, replay) computes it again from its own fields.
+    copied = wire.encode(
+        Envelope(
+            queue="orders",
+            payload=1,
+            priority=4,
+            partition_key="c-8",
+            extra_headers={wire.SHARD_KEY: "stale"},
+        )
+    )
+    assert copied.headers[wire.SHARD_KEY] == "c-8"
+    assert wire.SHARD_KEY not in wire.user_headers(copied.headers)
