@@ -167,7 +167,8 @@ class BrokerLink:
             await channel.get_exchange(self.topology.exchange, ensure=True)
             for spec in self.topology.queues.values():
                 for band in spec.bands:
-                    await channel.get_queue(naming.band_queue(spec.name, band.name), ensure=True)
+                    for name in spec.band_queues(band):
+                        await channel.get_queue(name, ensure=True)
         except aiormq.exceptions.ChannelNotFoundEntity as exc:
             return f"topology missing on the broker ({exc}): run `bandgate topology apply`"
         except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:

@@ -42,7 +42,7 @@ from gateway.dead_letters import (
     purge,
     replay,
 )
-from gateway.stats import QueueStats, StatsError, collect_queue_stats
+from gateway.stats import BandStats, QueueStats, StatsError, collect_queue_stats
 from topology import naming
 from topology.cli import (
     CONNECT_TIMEOUT_SECONDS,
@@ -163,6 +163,13 @@ def _management(settings: BrokerSettings) -> ManagementClient | None:
     if not settings.management_url:
         return None
     return ManagementClient(settings.management_url, vhost_of(settings.amqp_url))
+
+
+def _band_queues(band: BandStats) -> str:
+    shards = band["shards"]
+    if not shards:
+        return band["queue"]
+    return f"{shards[0]['queue']} .. {shards[-1]['queue']} ({len(shards)} shards)"
 
 
 def _age(seconds: float | None) -> str:
@@ -336,7 +343,7 @@ def stats(
         table.add_row(
             escape(band["band"]),
             str(low) if low == high else f"{low}-{high}",
-            escape(band["queue"]),
+            escape(_band_queues(band)),
             _cell(band["ready"]),
             _cell(band["unacked"]),
             _cell(band["consumers"]),

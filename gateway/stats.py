@@ -10,7 +10,7 @@ quorum queues on 3.x do not, and their age is null.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, TypedDict
 
@@ -25,14 +25,26 @@ from topology.management import ManagementClient
 from topology.model import QueueSpec, Topology
 
 
-class BandStats(TypedDict):
-    band: str
+class ShardStats(TypedDict):
     queue: str
+    ready: int | None
+    unacked: int | None
+    consumers: int | None
+    oldest_ready_age_seconds: float | None
+
+
+class BandStats(TypedDict):
+    """A band's counts; for a sharded band the sums over its shards (the oldest head for the
+    age), with each shard in `shards` (empty for a band of one queue)."""
+
+    band: str
+    queue: str  # the band's queue; for a sharded band the prefix of its shards' names
     priorities: list[int]
     ready: int | None
     unacked: int | None
     consumers: int | None
     oldest_ready_age_seconds: float | None
+    shards: list[ShardStats]
 
 
 class QueueStats(TypedDict):
@@ -62,6 +74,7 @@ def describe_queue(spec: QueueSpec) -> dict[str, Any]:
                 "queue": naming.band_queue(spec.name, band.name),
                 "type": band.type,
                 "age_after_seconds": band.age_after_seconds,
+                "shards": list(spec.band_queues(band)) if band.shards > 1 else [],
             }
             for band in spec.bands
         ],
@@ -89,18 +102,32 @@ async def collect_queue_stats(
     try:
         bands: list[BandStats] = []
         for band in spec.bands:
-            name = naming.band_queue(spec.name, band.name)
-            ready, consumers = await _counts(channel, name)
-            view = details.get(name) if details is not None else None
+            shards: list[ShardStats] = []
+            for name in spec.band_queues(band):
+                ready, consumers = await _counts(channel, name)
+                view = details.get(name) if details is not None else None
+                shards.append(
+                    ShardStats(
+                        queue=name,
+                        ready=ready,
+                        unacked=_unacked(view) if details is not None else None,
+                        consumers=consumers,
+                        oldest_ready_age_seconds=head_age_seconds(view, ready, now or wire.now()),
+                    )
+                )
             bands.append(
                 BandStats(
                     band=band.name,
-                    queue=name,
+                    queue=naming.band_queue(spec.name, band.name),
                     priorities=list(band.priorities),
-                    ready=ready,
-                    unacked=_unacked(view) if details is not None else None,
-                    consumers=consumers,
-                    oldest_ready_age_seconds=head_age_seconds(view, ready, now or wire.now()),
+                    ready=_total(shard["ready"] for shard in shards),
+                    unacked=_total(shard["unacked"] for shard in shards),
+                    consumers=_total(shard["consumers"] for shard in shards),
+                    oldest_ready_age_seconds=max(
+                        (age for s in shards if (age := s["oldest_ready_age_seconds"]) is not None),
+                        default=None,
+                    ),
+                    shards=shards if band.shards > 1 else [],
                 )
             )
         delayed = 0
@@ -158,6 +185,16 @@ async def _counts(channel: AbstractChannel, name: str) -> tuple[int, int]:
     return int(result.message_count or 0), int(result.consumer_count or 0)
 
 
+def _total(counts: Iterable[int | None]) -> int | None:
+    """The sum, or None when any count is unknown."""
+    total = 0
+    for count in counts:
+        if count is None:
+            return None
+        total += count
+    return total
+
+
 def _unacked(view: Mapping[str, Any] | None) -> int | None:
     if view is None:
         return None
@@ -179,6 +216,7 @@ async def _management_view(management: ManagementClient | None) -> dict[str, dic
 __all__ = [
     "BandStats",
     "QueueStats",
+    "ShardStats",
     "StatsError",
     "collect_queue_stats",
     "describe_queue",
