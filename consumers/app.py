@@ -98,7 +98,12 @@ class ConsumerApp:
         - `policy`: `strict` waterfall, or `weighted` shares per band (the topology's weights).
         - `time_limit`: seconds; a handler past it is cancelled and the attempt failed.
         - `max_attempts`, `max_deliveries`: override the queue's retry policy.
-        - `prefetch`: per band name, overrides `consumers.dispatch.default_prefetch`.
+        - `prefetch`: per band name, overrides `consumers.dispatch.default_prefetch`; a sharded
+          band's is split over its shards.
+
+        On an ordered queue, a partition key's messages run one at a time in order and failures
+        are retried in place (`consumers.ordering`); a strictly serial one runs one message at
+        a time, whatever `concurrency` says.
         """
         spec, options = check_options(
             self.topology,

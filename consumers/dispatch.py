@@ -146,6 +146,15 @@ def default_prefetch(policy: PolicyName, concurrency: int, bands: int) -> tuple[
     return (full,) * (bands - 1) + (max(2, concurrency // 4),)
 
 
+def shard_prefetch(prefetch: int, shards: int) -> int:
+    """Prefetch of each shard queue of a band whose prefetch is `prefetch`: split, rounded up.
+
+    A worker consuming all shards then holds about the band's prefetch (`shards` times this
+    at most), so the inversion window below still holds with that sum as the band's prefetch.
+    """
+    return max(1, -(-prefetch // shards))
+
+
 def inversion_window(concurrency: int, prefetch: Sequence[int], band: int = 0) -> int:
     """`W_i`: colder messages that may start ahead of a newly ready message of band `band`."""
     return min(concurrency, sum(prefetch[band + 1 :]))
@@ -288,6 +297,15 @@ class Dispatcher(Generic[T]):
             # Wake up when something changes, or when a refill wait runs out.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), self._next_refill_deadline())
+
+    def discard(self, band: int, drop: Callable[[T], bool]) -> list[T]:
+        """Take the buffered items of `band` for which `drop` is true out of the buffer."""
+        buffer = self._buffers[band]
+        dropped = [item for item in buffer if drop(item)]
+        if dropped:
+            self._buffers[band] = deque(item for item in buffer if not drop(item))
+            self._changed.set()
+        return dropped
 
     def close(self) -> list[tuple[int, T]]:
         """Stop handing out messages; return every buffered one (band, item), to give back."""

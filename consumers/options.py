@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
-from consumers.dispatch import POLICIES, PolicyName, default_prefetch
+from consumers.dispatch import POLICIES, PolicyName, default_prefetch, shard_prefetch
 from consumers.errors import ConfigurationError
 from topology.model import QueueSpec, RetryPolicy, Topology, UnknownQueueError
 
@@ -29,11 +29,20 @@ class ConsumerOptions:
     prefetch_overrides: Mapping[str, int] = field(default_factory=dict)
 
     def prefetch(self, spec: QueueSpec, concurrency: int | None = None) -> tuple[int, ...]:
-        """Prefetch per band (hottest first) at `concurrency` (default: the declared one)."""
+        """Prefetch per band (hottest first) at `concurrency` (default: the declared one); a
+        sharded band's is split over its shards."""
         defaults = default_prefetch(self.policy, concurrency or self.concurrency, len(spec.bands))
         return tuple(
             self.prefetch_overrides.get(band.name, default)
             for band, default in zip(spec.bands, defaults, strict=True)
+        )
+
+    def held(self, spec: QueueSpec, concurrency: int | None = None) -> tuple[int, ...]:
+        """The most messages per band (hottest first) a worker holds: a sharded band's prefetch
+        is split over its shards, rounded up (`dispatch.shard_prefetch`)."""
+        return tuple(
+            band.shards * shard_prefetch(prefetch, band.shards)
+            for band, prefetch in zip(spec.bands, self.prefetch(spec, concurrency), strict=True)
         )
 
 

@@ -17,7 +17,7 @@ from topology.model import RetryPolicy
 # A reason longer than this is cut: it travels in an AMQP header and shows in the UI.
 MAX_REASON_CHARS = 1000
 
-DeadLetterCause = Literal["rejected", "max-attempts", "delivery-limit", "malformed"]
+DeadLetterCause = Literal["rejected", "max-attempts", "delivery-limit", "malformed", "skipped"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,11 @@ class Ack:
 
 @dataclass(frozen=True)
 class RetryLater:
-    """Publish a copy as attempt `attempt` due in `delay` seconds, then ack the original."""
+    """Publish a copy as attempt `attempt` due in `delay` seconds, then ack the original.
+
+    On an ordered queue the worker instead holds the message and runs it again as attempt
+    `attempt` after `delay` seconds (`consumers.ordering`).
+    """
 
     delay: float
     attempt: int

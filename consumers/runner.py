@@ -1,9 +1,19 @@
-"""One consumer at work: a channel and AMQP consumer per band, the dispatcher, handler tasks.
+"""One consumer at work: a subscription per band queue, the dispatcher, handler tasks.
 
-Bands are consumed hottest first, each on its own channel so each has its own prefetch (qos is
-per channel and consumer). Deliveries go into the dispatcher's buffers; the run loop starts a
-task for each message the dispatcher hands out; each task runs the pipeline (read, delivery
-limit, handler under its time limit, decide) and settles the outcome before freeing its slot.
+Bands are consumed hottest first; every RabbitMQ queue of a band (its queue, or each of its
+shards) is a `Subscription` on its own channel with its own prefetch, and all of a band's
+deliveries go into that band's buffer, so the waterfall sees a sharded band as one band. The run
+loop starts a task for each message the dispatcher hands out; each task runs the pipeline (read,
+delivery limit, handler under its time limit, decide) and settles the outcome before freeing its
+slot.
+
+Ordered queues (`QueueSpec.ordered`): a message whose partition key is running waits (as on any
+queue), failures are retried in place (`consumers.ordering`), messages are given back only by
+closing their queue's channel (`consumers.subscription`), and workers share the shards out
+(`consumers.balance`). Per-key order within a worker: a key's messages all come from one queue,
+in queue order; the dispatcher starts a key's oldest buffered message only when none of the key
+runs, and a message's slot and key stay taken until it is settled, retries included. A strictly
+serial queue (`ordering_required`) treats all its messages as one key.
 """
 
 from __future__ import annotations
@@ -13,44 +23,49 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from aio_pika.abc import (
-    AbstractChannel,
-    AbstractConnection,
-    AbstractIncomingMessage,
-    AbstractQueue,
-    ConsumerTag,
-)
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from aio_pika.exceptions import ChannelInvalidStateError
 from opentelemetry import trace
 
 from consumers.app import Consumer
-from consumers.dispatch import Dispatcher, DispatcherClosed, make_policy
+from consumers.balance import WorkersQueue, surplus
+from consumers.dispatch import Dispatcher, DispatcherClosed, make_policy, shard_prefetch
 from consumers.errors import MalformedMessage, Reject, Retry
 from consumers.invoke import invoke
 from consumers.message import Message, read_message
+from consumers.ordering import ordered_outcome
 from consumers.outcome import (
     Ack,
     DeadLetter,
     Outcome,
+    RetryLater,
     after_handler,
     before_handler,
     describe,
 )
 from consumers.settle import Settler
+from consumers.subscription import Subscription
 from consumers.telemetry import ConsumerTelemetry, outcome_name
 from topology import naming, wire
 from topology.model import Band
 
 log = logging.getLogger(__name__)
 
+# The key every message of a strictly serial queue has: one runs at a time.
+SERIAL_KEY = ""
+
 
 @dataclass(eq=False)
 class Delivery:
-    band: int
+    subscription: Subscription
     incoming: AbstractIncomingMessage
     key: str | None
+
+    @property
+    def band(self) -> int:
+        return self.subscription.band
 
 
 def partition_key(incoming: AbstractIncomingMessage) -> str | None:
@@ -78,6 +93,7 @@ class ConsumerRunner:
         concurrency: int | None = None,
         prime_timeout: float = 2.0,
         refill_wait: float = 0.1,
+        share_interval: float = 1.0,
         telemetry: ConsumerTelemetry | None = None,
     ) -> None:
         self.consumer = consumer
@@ -87,13 +103,27 @@ class ConsumerRunner:
         self.concurrency = concurrency or consumer.options.concurrency
         self.prefetch = consumer.options.prefetch(self.spec, self.concurrency)
         self.prime_timeout = prime_timeout
+        self.share_interval = share_interval
         self.telemetry = telemetry or ConsumerTelemetry()
+        self.subscriptions = [
+            [
+                Subscription(
+                    index,
+                    name,
+                    shard_prefetch(self.prefetch[index], band.shards),
+                    single_active=self.spec.ordered,
+                )
+                for name in self.spec.band_queues(band)
+            ]
+            for index, band in enumerate(self.spec.bands)
+        ]
         policy = make_policy(consumer.options.policy, self.spec.weights())
+        serial = self.spec.ordering_required
         self.dispatcher: Dispatcher[Delivery] = Dispatcher(
             len(self.spec.bands),
             policy,
             self.concurrency,
-            key=lambda delivery: delivery.key,
+            key=(lambda _: SERIAL_KEY) if serial else (lambda delivery: delivery.key),
             refill_wait=refill_wait,
             on_dry=self._on_dry,
         )
@@ -104,14 +134,14 @@ class ConsumerRunner:
                 self.concurrency, thread_name_prefix=f"bandgate-{self.spec.name}"
             )
         )
-        self._channels: list[AbstractChannel] = []
         self._probe_channel: AbstractChannel | None = None
-        self._probes: set[asyncio.Task[None]] = set()
-        self._subscriptions: list[tuple[AbstractQueue, ConsumerTag]] = []
+        self._background: set[asyncio.Task[None]] = set()  # probes, handovers, sharing
+        self._workers: WorkersQueue | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._arrived = [0] * len(self.spec.bands)
         self._arrival = asyncio.Event()
         self._stopping = False
+        self._stopped = asyncio.Event()  # ends in-place retry waits
 
     @property
     def in_flight(self) -> frozenset[asyncio.Task[None]]:
@@ -121,29 +151,58 @@ class ConsumerRunner:
         """Consume every band, hottest first; a band's first prefetch arrives before the next.
 
         Waiting for it keeps the start order of a backlog strict: otherwise colder deliveries
-        could reach the free slots before the hotter ones (see `consumers.dispatch`).
+        could reach the free slots before the hotter ones (see `consumers.dispatch`). Only
+        queues this worker is the active consumer of deliver anything to wait for.
         """
         self._probe_channel = await self.connection.channel()
-        for index, band in enumerate(self.spec.bands):
-            channel = await self.connection.channel()
-            self._channels.append(channel)
-            await channel.set_qos(prefetch_count=self.prefetch[index])
-            queue = await channel.declare_queue(
-                naming.band_queue(self.spec.name, band.name), passive=True
-            )
-            ready = queue.declaration_result.message_count or 0
-            tag = await queue.consume(self._on_delivery(index))
-            self._subscriptions.append((queue, tag))
-            if ready:
-                await self._prime(index, min(ready, self.prefetch[index]))
+        for index, subscriptions in enumerate(self.subscriptions):
+            expected = 0
+            for subscription in subscriptions:
+                ready = await subscription.open(self.connection, self._on_delivery(subscription))
+                if subscription.active:
+                    expected += min(ready, subscription.prefetch)
+            if expected:
+                await self._prime(index, expected)
+        if self.spec.shares_shards:
+            await self._join_workers()
         log.info(
-            "consuming %s with %s (concurrency %d, policy %s, prefetch %s)",
+            "consuming %s with %s (concurrency %d, policy %s, prefetch %s%s)",
             self.spec.name,
             self.consumer.name,
             self.concurrency,
             self.consumer.options.policy,
-            dict(zip((band.name for band in self.spec.bands), self.prefetch, strict=True)),
+            {
+                band.name: self.prefetch[index]
+                if band.shards == 1
+                else f"{band.shards} shards x {self.subscriptions[index][0].prefetch}"
+                for index, band in enumerate(self.spec.bands)
+            },
+            ", strictly serial"
+            if self.spec.ordering_required
+            else (", ordered per key" if self.spec.ordered else ""),
         )
+
+    async def _join_workers(self) -> None:
+        workers = WorkersQueue(naming.workers_queue(self.topology_exchange, self.spec.name))
+        try:
+            await workers.join(self.connection)
+        except Exception as exc:
+            log.warning(
+                "cannot join %s (%r): this worker keeps every shard it gets; run `bandgate "
+                "topology apply` to share the shards of %s out",
+                workers.name,
+                exc,
+                self.spec.name,
+            )
+            await workers.leave()
+            return
+        self._workers = workers
+        self._spawn(self._share_shards())
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _prime(self, index: int, expected: int) -> None:
         loop = asyncio.get_running_loop()
@@ -159,34 +218,50 @@ class ConsumerRunner:
             except TimeoutError:
                 return
 
+    @property
+    def topology_exchange(self) -> str:
+        return self.settler.publisher.topology.exchange
+
     def _on_dry(self, index: int) -> None:
         if self._probe_channel is not None and not self._stopping:
-            probe = asyncio.create_task(self._probe(index))
-            self._probes.add(probe)
-            probe.add_done_callback(self._probes.discard)
+            self._spawn(self._probe(index))
 
     async def _probe(self, index: int) -> None:
-        """A backlogged band ran dry: if the broker has nothing ready for it, stop waiting."""
+        """A backlogged band ran dry: if the broker has nothing ready for it, stop waiting.
+
+        Only queues this worker is the active consumer of can refill it.
+        """
         assert self._probe_channel is not None
-        name = naming.band_queue(self.spec.name, self.spec.bands[index].name)
-        try:
-            channel = await self._probe_channel.get_underlay_channel()
-            declared = await channel.queue_declare(name, passive=True)
-        except Exception as exc:  # the wait just runs its course
-            log.debug("probing %s: %r", name, exc)
-            return
-        if not declared.message_count:
+        ready = 0
+        for subscription in self.subscriptions[index]:
+            if not subscription.active:
+                continue
+            try:
+                channel = await self._probe_channel.get_underlay_channel()
+                declared = await channel.queue_declare(subscription.queue, passive=True)
+            except Exception as exc:  # the wait just runs its course
+                log.debug("probing %s: %r", subscription.queue, exc)
+                return
+            ready += declared.message_count or 0
+        if not ready:
             self.dispatcher.settle(index)
 
-    def _on_delivery(self, index: int) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
+    def _on_delivery(
+        self, subscription: Subscription
+    ) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
+        index = subscription.band
+
         async def on_delivery(incoming: AbstractIncomingMessage) -> None:
-            if self._stopping:
-                # Sent before the broker saw our cancel: give it straight back.
-                await self.settler.give_back(incoming)
+            if self._stopping or subscription.releasing:
+                # Competing consumers: sent before the broker saw our cancel, give it straight
+                # back. A single active consumer keeps it: closing the channel returns it.
+                if not subscription.single_active:
+                    await self.settler.give_back(incoming)
                 return
+            subscription.active = True
             self._arrived[index] += 1
             self._arrival.set()
-            self.dispatcher.put(index, Delivery(index, incoming, partition_key(incoming)))
+            self.dispatcher.put(index, Delivery(subscription, incoming, partition_key(incoming)))
 
         return on_delivery
 
@@ -201,27 +276,96 @@ class ConsumerRunner:
                 # The connection dropped since it arrived; it is back in its band already.
                 self.dispatcher.done(index, delivery)
                 continue
+            delivery.subscription.started()
             task = asyncio.create_task(self._process(delivery))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     async def _process(self, delivery: Delivery) -> None:
         band = self.spec.bands[delivery.band]
-        incoming = delivery.incoming
         try:
-            await self._pipeline(incoming, band)
+            await self._pipeline(delivery, band)
         except asyncio.CancelledError:
             # Shut down past the grace period: not handled, so it goes back to its band.
-            await self.settler.give_back(incoming)
+            await self._give_back(delivery)
             raise
         except Exception:
-            log.exception("bug while processing message %s; returning it", incoming.message_id)
-            await self.settler.give_back(incoming)
+            log.exception(
+                "bug while processing message %s; returning it", delivery.incoming.message_id
+            )
+            await self._give_back(delivery)
         finally:
+            delivery.subscription.finished()
             self.dispatcher.done(delivery.band, delivery)
 
-    async def _pipeline(self, incoming: AbstractIncomingMessage, band: Band) -> None:
-        """Read, check the delivery limit, run the handler, decide, settle."""
+    async def _give_back(self, delivery: Delivery) -> None:
+        """Return a message to its queue without changing its place in the queue's order."""
+        subscription = delivery.subscription
+        if not subscription.single_active:
+            await self.settler.give_back(delivery.incoming)
+        elif not self._stopping:
+            self._hand_back(subscription)
+        # Stopping: the channel closes when the worker does, which returns it.
+
+    def _hand_back(self, subscription: Subscription) -> None:
+        """Give a single-active queue back to the broker, in order, then subscribe again.
+
+        Its buffered messages stop being candidates at once (synchronously, before the slot of
+        whatever called this is freed, so no later message of a key can start); they and
+        anything still arriving stay unacked until the channel closes.
+        """
+        if subscription.releasing:
+            return
+        subscription.releasing = True
+        subscription.active = False
+        self.dispatcher.discard(subscription.band, lambda d: d.subscription is subscription)
+        self._spawn(self._rejoin(subscription))
+
+    async def _rejoin(self, subscription: Subscription) -> None:
+        await subscription.idle()
+        await subscription.close()
+        if self._stopping:
+            return
+        try:
+            await subscription.open(self.connection, self._on_delivery(subscription))
+        except Exception as exc:
+            log.error("could not consume %s again: %r", subscription.queue, exc)
+            return
+        log.info(
+            "handed %s back%s",
+            subscription.queue,
+            " and took it again (no other worker waits for it)" if subscription.active else "",
+        )
+
+    async def _share_shards(self) -> None:
+        """Hold no more than this worker's share of each ordered band's shards (`balance`)."""
+        assert self._workers is not None
+        assert self._probe_channel is not None
+        while not self._stopping:
+            await asyncio.sleep(self.share_interval)
+            workers = await self._workers.count(self._probe_channel)
+            if not workers or self._stopping:
+                continue
+            for subscriptions in self.subscriptions:
+                held = [s for s in subscriptions if s.active and not s.releasing]
+                extra = surplus(len(held), len(subscriptions), workers)
+                if not extra:
+                    continue
+                # The ones quickest to hand back: fewest running.
+                for subscription in sorted(held, key=lambda s: s.running)[:extra]:
+                    log.info(
+                        "holding %d of %d shards with %d workers: handing %s back",
+                        len(held),
+                        len(subscriptions),
+                        workers,
+                        subscription.queue,
+                    )
+                    self._hand_back(subscription)
+
+    async def _pipeline(self, delivery: Delivery, band: Band) -> None:
+        """Read, check the delivery limit, run the handler, decide, settle; on an ordered
+        queue, retries run here, in place, after their back-off."""
+        incoming = delivery.incoming
         policy = self.consumer.options.retry
         try:
             message = read_message(incoming, self.spec, band)
@@ -229,29 +373,68 @@ class ConsumerRunner:
             message = read_message(incoming, self.spec, band, decode=False)
             log.error("dead-lettering malformed message %s: %s", message.message_id, exc)
             outcome: Outcome = after_handler(exc, message, policy)
-            await self.settler.settle(incoming, message, band, outcome)
+            await self._settle(delivery, message, band, outcome)
             self.telemetry.finished(message, outcome, None)
             return
+        first = True
+        while True:
+            outcome = await self._attempt(delivery, message, band, first=first)
+            if not (self.spec.ordered and isinstance(outcome, RetryLater)):
+                return
+            if not await self._wait(outcome.delay):
+                return  # stopping: the message goes back with its channel, unsettled
+            message = replace(message, attempt=outcome.attempt)
+            first = False
+
+    async def _attempt(
+        self, delivery: Delivery, message: Message, band: Band, *, first: bool
+    ) -> Outcome:
+        """One run of the handler, in its own span, settled unless retried in place."""
+        incoming = delivery.incoming
+        policy = self.consumer.options.retry
         with self.telemetry.span(message, incoming.headers) as span:
             seconds: float | None = None
-            limit = before_handler(message, policy)
+            limit = before_handler(message, policy) if first else None
             if limit is not None:
                 log.error("dead-lettering message %s: %s", message.message_id, limit.reason)
-                outcome = limit
+                outcome: Outcome = limit
             else:
-                self.telemetry.started(message, incoming.headers)
+                if first:
+                    self.telemetry.started(message, incoming.headers)
                 started = time.perf_counter()
                 error = await self._run_handler(message)
                 seconds = time.perf_counter() - started
-                outcome = after_handler(error, message, policy)
+                if self.spec.ordered:
+                    strategy = self.spec.effective_failure_strategy
+                    outcome = ordered_outcome(error, message, policy, strategy)
+                else:
+                    outcome = after_handler(error, message, policy)
                 if error is not None:
                     self._log_failure(message, error, outcome)
                     span.record_exception(error)
             span.set_attribute("bandgate.outcome", outcome_name(outcome))
             if not isinstance(outcome, Ack):
                 span.set_status(trace.StatusCode.ERROR, getattr(outcome, "reason", ""))
-            await self.settler.settle(incoming, message, band, outcome)
+            if not (self.spec.ordered and isinstance(outcome, RetryLater)):
+                await self._settle(delivery, message, band, outcome)
         self.telemetry.finished(message, outcome, seconds)
+        return outcome
+
+    async def _settle(
+        self, delivery: Delivery, message: Message, band: Band, outcome: Outcome
+    ) -> None:
+        async def give_back(_: AbstractIncomingMessage) -> None:
+            await self._give_back(delivery)
+
+        await self.settler.settle(delivery.incoming, message, band, outcome, give_back=give_back)
+
+    async def _wait(self, seconds: float) -> bool:
+        """Sleep before running a message again; False when the worker stops meanwhile."""
+        try:
+            await asyncio.wait_for(self._stopped.wait(), seconds)
+        except TimeoutError:
+            return True
+        return False
 
     async def _run_handler(self, message: Message) -> BaseException | None:
         """The handler's exception, or None when it returned."""
@@ -272,29 +455,39 @@ class ConsumerRunner:
         return None
 
     def _log_failure(self, message: Message, error: BaseException, outcome: Outcome) -> None:
+        in_place = self.spec.ordered and isinstance(outcome, RetryLater)
         log.log(
             logging.ERROR if isinstance(outcome, DeadLetter) else logging.WARNING,
-            "%s failed on message %s (attempt %d, band %s): %s -> %s",
+            "%s failed on message %s (attempt %d, band %s): %s -> %s%s",
             self.consumer.name,
             message.message_id,
             message.attempt,
             message.band,
             describe(error),
             outcome,
+            " in place (ordered queue)" if in_place else "",
             exc_info=not isinstance(error, Retry | Reject),
         )
 
     async def stop_consuming(self) -> None:
-        """Cancel the band consumers and give back every message not started yet."""
+        """Stop taking messages and give back every one not started yet.
+
+        Competing consumers are cancelled and their buffered messages nacked at once, so other
+        workers can take them. Single-active queues keep theirs until their channels close
+        (`close()`), after the running handlers: that returns them in order.
+        """
         self._stopping = True
-        for queue, tag in self._subscriptions:
-            try:
-                await queue.cancel(tag)
-            except Exception as exc:  # a closed channel has no consumer left to cancel
-                log.debug("cancelling consumer %s: %r", tag, exc)
+        self._stopped.set()
+        if self._workers is not None:
+            await self._workers.leave()
+        subscriptions = [s for band in self.subscriptions for s in band]
+        for subscription in subscriptions:
+            if not subscription.single_active:
+                await subscription.cancel()
         returned = self.dispatcher.close()
         for _, delivery in returned:
-            await self.settler.give_back(delivery.incoming)
+            if not delivery.subscription.single_active:
+                await self.settler.give_back(delivery.incoming)
         if returned:
             log.info("returned %d unstarted messages of %s", len(returned), self.spec.name)
 
@@ -306,15 +499,15 @@ class ConsumerRunner:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def close(self) -> None:
-        for probe in list(self._probes):
-            probe.cancel()
-        await asyncio.gather(*self._probes, return_exceptions=True)
-        channels = [*self._channels, *([self._probe_channel] if self._probe_channel else [])]
-        for channel in channels:
-            if not channel.is_closed:
-                try:
-                    await channel.close()
-                except Exception as exc:
-                    log.debug("closing a band channel: %r", exc)
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        for subscription in (s for band in self.subscriptions for s in band):
+            await subscription.close()
+        if self._probe_channel is not None and not self._probe_channel.is_closed:
+            try:
+                await self._probe_channel.close()
+            except Exception as exc:
+                log.debug("closing the probe channel: %r", exc)
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

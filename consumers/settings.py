@@ -33,6 +33,12 @@ class WorkerSettings(BrokerSettings):
         description="how long a free slot waits for a backlogged hotter band's refill before "
         "it starts colder work (quorum queues can take tens of ms to process an ack)",
     )
+    share_shards_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="ordered sharded queues: how often a worker checks that it holds no more "
+        "than its share of a band's shards (see consumers.balance)",
+    )
     connect_timeout_seconds: float = Field(
         default=30.0, ge=0, description="at start-up, how long to retry reaching the broker"
     )

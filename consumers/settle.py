@@ -8,7 +8,7 @@ returned to its band instead.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime
 
@@ -42,9 +42,19 @@ class Settler:
         self.clock = clock
 
     async def settle(
-        self, delivery: AbstractIncomingMessage, message: Message, band: Band, outcome: Outcome
+        self,
+        delivery: AbstractIncomingMessage,
+        message: Message,
+        band: Band,
+        outcome: Outcome,
+        *,
+        give_back: Callable[[AbstractIncomingMessage], Awaitable[None]] | None = None,
     ) -> bool:
-        """Carry out `outcome`; False when the delivery went back to the broker instead."""
+        """Carry out `outcome`; False when the delivery went back to the broker instead.
+
+        `give_back` returns it when its copy was not confirmed (default: `Settler.give_back`).
+        """
+        give_back = give_back or self.give_back
         if isinstance(outcome, RetryLater):
             longest = self.publisher.topology.ladder.max_delay_ms / 1000
             if outcome.delay > longest:
@@ -68,7 +78,7 @@ class Settler:
                     message.queue,
                     band.name,
                 )
-                await self.give_back(delivery)
+                await give_back(delivery)
                 return False
         elif isinstance(outcome, DeadLetter):
             copy = dead_letter_message(
@@ -89,7 +99,7 @@ class Settler:
                     message.queue,
                     band.name,
                 )
-                await self.give_back(delivery)
+                await give_back(delivery)
                 return False
         else:
             assert isinstance(outcome, Ack)

@@ -24,6 +24,7 @@ from typing import Any
 from consumers.app import ConsumerApp
 from consumers.invoke import invoke
 from consumers.message import Message
+from consumers.ordering import ordered_outcome
 from consumers.outcome import Ack, DeadLetter, Outcome, RetryLater, after_handler, before_handler
 from topology import wire
 from topology.model import QueueSpec, Topology
@@ -72,7 +73,9 @@ def make_message(
 async def deliver(app: ConsumerApp, message: Message, *, seed: int | None = None) -> Outcome:
     """Run the app's handler for `message.queue` as the worker would; return the outcome.
 
-    `seed` makes the back-off jitter of a `RetryLater` reproducible.
+    `seed` makes the back-off jitter of a `RetryLater` reproducible. On an ordered queue the
+    outcome follows its failure strategy, and `RetryLater` means the worker would run the
+    message again in place after `delay` seconds.
     """
     consumer = app.consumer_for(message.queue)
     policy = consumer.options.retry
@@ -84,7 +87,11 @@ async def deliver(app: ConsumerApp, message: Message, *, seed: int | None = None
         await invoke(consumer.handler, message, time_limit=consumer.options.time_limit)
     except Exception as exc:
         error = exc
-    return after_handler(error, message, policy, random.Random(seed))
+    rng = random.Random(seed)
+    if consumer.spec.ordered:
+        strategy = consumer.spec.effective_failure_strategy
+        return ordered_outcome(error, message, policy, strategy, rng)
+    return after_handler(error, message, policy, rng)
 
 
 __all__ = ["Ack", "DeadLetter", "Outcome", "RetryLater", "deliver", "make_message"]

@@ -129,6 +129,7 @@ class Worker:
                     concurrency=self.concurrency,
                     prime_timeout=self.settings.startup_prime_seconds,
                     refill_wait=self.settings.refill_wait_seconds,
+                    share_interval=self.settings.share_shards_seconds,
                     telemetry=observed,
                 )
                 for consumer in self.app.consumers

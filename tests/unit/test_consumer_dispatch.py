@@ -13,6 +13,7 @@ from consumers.dispatch import (
     default_prefetch,
     inversion_window,
     make_policy,
+    shard_prefetch,
 )
 
 Item = tuple[str, str | None]  # (name, partition key)
@@ -230,3 +231,18 @@ def test_weighted_peek_changes_nothing_until_commit() -> None:
     assert policy.peek([True, True]) == 0
     policy.commit([True, True], 0)
     assert policy.peek([True, True]) == 1
+
+
+def test_discard_takes_a_queues_messages_out_and_keeps_the_rest_in_order() -> None:
+    work = dispatcher(concurrency=1)
+    for name in ("s0-a", "s1-b", "s0-c", "s1-d"):
+        work.put(0, (name, None))
+    dropped = work.discard(0, lambda item: item[0].startswith("s0"))
+    assert dropped == [("s0-a", None), ("s0-c", None)]
+    assert work.buffered(0) == 2
+    assert work.take_nowait() == (0, ("s1-b", None))
+
+
+def test_a_bands_prefetch_is_split_over_its_shards_rounded_up() -> None:
+    assert [shard_prefetch(16, shards) for shards in (1, 2, 3, 16, 40)] == [16, 8, 6, 1, 1]
+    assert shard_prefetch(2, 3) == 1

@@ -1,0 +1,98 @@
+"""One RabbitMQ queue a runner consumes: a band's queue or one shard of it, on its own channel.
+
+Each queue gets its own channel (the prefetch is per consumer, and a queue with a single active
+consumer is handed back by closing its channel, which must not touch the others).
+
+Giving a message back differs with the queue's consumers:
+- competing consumers (unordered queues): nack with requeue, at once; any worker may take it.
+- a single active consumer (ordered queues): never nack while subscribed. The broker would
+  deliver the message again behind the ones this worker already holds, and a basic.cancel
+  would make the next consumer active while this one still holds messages (both seen on
+  3.10.8). Messages are given back by closing the channel once nothing of the queue is running
+  any more: the broker returns everything unacked to the head of the queue, in the order it
+  was delivered, before the next active consumer gets anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractConnection,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    ConsumerTag,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Subscription:
+    band: int  # index of the band, hottest first
+    queue: str
+    prefetch: int
+    single_active: bool
+    # Believed to be the queue's active consumer: it was the first consumer when it subscribed,
+    # or a message came. Always true for competing consumers.
+    active: bool = False
+    # Its messages are being handed back: none starts, and the channel closes once none runs.
+    releasing: bool = False
+    running: int = 0
+    channel: AbstractChannel | None = None
+    _consumer: tuple[AbstractQueue, ConsumerTag] | None = None
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def open(
+        self,
+        connection: AbstractConnection,
+        on_delivery: Callable[[AbstractIncomingMessage], Awaitable[None]],
+    ) -> int:
+        """Consume the queue on a new channel; the number of messages ready just before."""
+        channel = await connection.channel()
+        self.channel = channel
+        await channel.set_qos(prefetch_count=self.prefetch)
+        queue = await channel.declare_queue(self.queue, passive=True)
+        declared = queue.declaration_result
+        self.active = not self.single_active or not declared.consumer_count
+        self.releasing = False
+        self._consumer = queue, await queue.consume(on_delivery)
+        return declared.message_count or 0
+
+    def started(self) -> None:
+        self.running += 1
+        self._idle.clear()
+
+    def finished(self) -> None:
+        self.running -= 1
+        if self.running == 0:
+            self._idle.set()
+
+    async def idle(self) -> None:
+        """Wait until none of its messages is running."""
+        if self.running:
+            await self._idle.wait()
+
+    async def cancel(self) -> None:
+        """Stop deliveries (competing consumers only: see the module docstring)."""
+        assert not self.single_active
+        if self._consumer is None:
+            return
+        queue, tag = self._consumer
+        try:
+            await queue.cancel(tag)
+        except Exception as exc:  # a closed channel has no consumer left to cancel
+            log.debug("cancelling the consumer of %s: %r", self.queue, exc)
+
+    async def close(self) -> None:
+        """Close the channel: the broker takes back every message of it not settled yet."""
+        channel, self.channel, self._consumer = self.channel, None, None
+        if channel is not None and not channel.is_closed:
+            try:
+                await channel.close()
+            except Exception as exc:
+                log.debug("closing the channel of %s: %r", self.queue, exc)
