@@ -48,9 +48,18 @@ def colder_before_last(order: Sequence[int], band: int) -> int:
     return sum(1 for started in order[:last] if started > band)
 
 
+def with_sharded_cold(topology: Topology, shards: int) -> Topology:
+    data = topology.model_dump()
+    data["queues"]["orders"]["bands"][-1]["shards"] = shards
+    return Topology.model_validate(data)
+
+
+@pytest.mark.parametrize("cold_shards", [1, 3], ids=["cold", "cold-in-3-shards"])
 async def test_a_backlog_starts_in_waterfall_order(
-    amqp_url: str, topology: Topology, start_worker: StartWorker
+    amqp_url: str, topology: Topology, start_worker: StartWorker, cold_shards: int
 ) -> None:
+    """Also with the cold band in three shards: the waterfall sees them as one band."""
+    topology = with_sharded_cold(topology, cold_shards)
     connection = await aio_pika.connect(amqp_url)
     async with connection:
         await apply_topology(connection, topology)
@@ -74,13 +83,15 @@ async def test_a_backlog_starts_in_waterfall_order(
         elapsed = time.monotonic() - started
 
     consumer = app.consumer_for("orders")
-    prefetch = consumer.options.prefetch(consumer.spec)
-    assert prefetch == (16, 16, 2)
-    hot_window = inversion_window(8, prefetch, band=0)  # min(8, 16 + 2) = 8
-    warm_window = inversion_window(8, prefetch, band=1)  # min(8, 2) = 2
+    assert consumer.options.prefetch(consumer.spec) == (16, 16, 2)
+    held = consumer.options.held(consumer.spec)  # the cold band's 2 split over its shards
+    assert held == (16, 16, 2 if cold_shards == 1 else 3)
+    hot_window = inversion_window(8, held, band=0)  # min(8, 16 + 2 or 3) = 8
+    warm_window = inversion_window(8, held, band=1)  # min(8, 2 or 3)
     ahead_of_hot = colder_before_last(order, 0)
     ahead_of_warm = colder_before_last(order, 1)
     print(
+        f"cold in {cold_shards} shard(s): "
         f"900 started in {elapsed:.2f} s; started ahead of a hotter message: "
         f"{ahead_of_hot} ahead of hot (window {hot_window}), "
         f"{ahead_of_warm} ahead of warm (window {warm_window})"

@@ -76,10 +76,15 @@ def record(event: str, msg: Message) -> None:
 
 @dataclass
 class Workers:
-    """Starts worker processes for the test's vhost and reads what their handlers recorded."""
+    """Starts worker processes for the test's vhost and reads what their handlers recorded.
+
+    `target` is the app they run (this module's by default); `env` adds to their environment.
+    """
 
     amqp_url: str
     record_path: Path
+    target: str = f"{__name__}:app"
+    env: dict[str, str] = field(default_factory=dict)
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start(self) -> subprocess.Popen[bytes]:
@@ -88,9 +93,10 @@ class Workers:
             "BANDGATE_AMQP_URL": self.amqp_url,
             "BANDGATE_SHUTDOWN_GRACE_SECONDS": "20",
             RECORD_ENV: str(self.record_path),
+            **self.env,
         }
         process = subprocess.Popen(
-            [sys.executable, "-m", "consumers", f"{__name__}:app", "--log-level", "warning"],
+            [sys.executable, "-m", "consumers", self.target, "--log-level", "warning"],
             cwd=ROOT,
             env=env,
         )
@@ -103,10 +109,12 @@ class Workers:
         lines = self.record_path.read_text(encoding="utf-8").splitlines()
         return [json.loads(line) for line in lines]
 
-    async def wait_for(self, what: str, predicate: Callable[[list[Event]], object]) -> None:
-        """Poll the record until `predicate(events)` holds (30 s at most): it is a file that
-        other processes write, nothing to await."""
-        deadline = time.monotonic() + 30
+    async def wait_for(
+        self, what: str, predicate: Callable[[list[Event]], object], seconds: float = 30
+    ) -> None:
+        """Poll the record until `predicate(events)` holds (`seconds` at most): it is a file
+        that other processes write, nothing to await."""
+        deadline = time.monotonic() + seconds
         while not predicate(self.events()):
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             await asyncio.sleep(0.05)
