@@ -28,6 +28,8 @@ from consumers.telemetry import ConsumerTelemetry
 from gateway.publishing import ChannelSet, Publisher, confirm_channel_factory
 from gateway.telemetry import Telemetry
 from topology.declare import apply_topology
+from topology.doctor import check_broker, log_report
+from topology.management import vhost_of
 from topology.model import Topology
 
 log = logging.getLogger(__name__)
@@ -114,6 +116,13 @@ class Worker:
     async def _work(self, connection: AbstractRobustConnection, topology: Topology) -> None:
         channels = ChannelSet(confirm_channel_factory(connection))
         try:
+            # The same broker check as the gateway: log the in-band order that applies, and
+            # refuse to start on a configuration that would lose or loop messages.
+            report = await check_broker(
+                connection, topology, self.settings.management_url, vhost_of(self.settings.amqp_url)
+            )
+            log_report(report)
+            report.raise_for_errors()
             if self.settings.declare_topology:
                 await apply_topology(connection, topology)
             publisher = Publisher(
