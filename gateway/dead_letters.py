@@ -72,9 +72,9 @@ class DeadLetter:
     """One message in a dead-letter queue, as an operator wants to see it.
 
     `cause` is the consumer library's (rejected, max-attempts, delivery-limit, malformed,
-    skipped) or,
-    for a message the broker dead-lettered itself, its x-death reason (delivery-limit, expired,
-    maxlen, rejected). `age_seconds` is how long ago it was dead-lettered.
+    skipped) or, for a message the broker dead-lettered itself, its x-death reason
+    (delivery-limit, expired, maxlen, rejected). `age_seconds` is how long ago it was
+    dead-lettered.
     """
 
     message_id: str
