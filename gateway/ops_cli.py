@@ -8,12 +8,9 @@ Expected failures print one line to stderr and exit 1: no traceback, no password
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, NoReturn, TypeVar
 
-import aio_pika
 import aiormq
 import httpx
 import orjson
@@ -45,11 +42,13 @@ from gateway.dead_letters import (
 from gateway.stats import BandStats, QueueStats, StatsError, collect_queue_stats
 from topology import naming
 from topology.cli import (
-    CONNECT_TIMEOUT_SECONDS,
     AmqpUrlOption,
+    CliFailure,
     ManagementUrlOption,
     TopologyOption,
+    connect,
     duration,
+    reason,
     redact,
 )
 from topology.declare import broker_version, parse_version
@@ -75,10 +74,6 @@ dlq_app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,  # locals would print the AMQP URL's password
 )
-
-
-class _Failure(Exception):
-    """An expected failure, already phrased for the operator."""
 
 
 def _fail(message: str) -> NoReturn:
@@ -111,12 +106,12 @@ def _run(
     try:
         topology = settings.load_topology()
         return asyncio.run(_connected(settings, topology, work))
-    except (_Failure, TopologyError, DeadLetterError, StatsError) as exc:
+    except (CliFailure, TopologyError, DeadLetterError, StatsError) as exc:
         _fail(str(exc))
     except UnknownQueueError as exc:
         _fail(f"{exc}: the topology in {settings.topology} does not define it")
     except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:
-        _fail(f"RabbitMQ at {redact(settings.amqp_url)} failed: {_reason(exc)}")
+        _fail(f"RabbitMQ at {redact(settings.amqp_url)} failed: {reason(exc)}")
 
 
 async def _connected(
@@ -124,39 +119,8 @@ async def _connected(
     topology: Topology,
     work: Callable[[AbstractConnection, Topology], Awaitable[T]],
 ) -> T:
-    where = redact(settings.amqp_url)
-    try:
-        with _quiet("aiormq.connection"):  # it logs a failed connect before raising
-            connection = await aio_pika.connect(
-                settings.amqp_url,
-                client_properties={"connection_name": naming.CLI_CONNECTION},
-                timeout=CONNECT_TIMEOUT_SECONDS,
-            )
-    except aiormq.exceptions.InvalidFrameError:
-        raise _Failure(
-            f"RabbitMQ at {where} closed the connection while opening it: does the vhost "
-            f"{vhost_of(settings.amqp_url)!r} exist, and may this user use it?"
-        ) from None
-    except (aiormq.exceptions.AMQPError, OSError, TimeoutError) as exc:
-        raise _Failure(f"cannot connect to RabbitMQ at {where}: {_reason(exc)}") from None
-    async with connection:
+    async with await connect(settings) as connection:
         return await work(connection, topology)
-
-
-@contextmanager
-def _quiet(logger_name: str) -> Iterator[None]:
-    logger = logging.getLogger(logger_name)
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-def _reason(exc: BaseException) -> str:
-    text = " ".join(str(arg) for arg in exc.args if arg)
-    return text or type(exc).__name__
 
 
 def _management(settings: BrokerSettings) -> ManagementClient | None:

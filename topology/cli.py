@@ -20,6 +20,7 @@ import aio_pika
 import aiormq
 import httpx
 import typer
+from aio_pika.abc import AbstractConnection
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
@@ -69,7 +70,7 @@ ManagementUrlOption = Annotated[
 ]
 
 
-class _Failure(Exception):
+class CliFailure(Exception):
     """An expected failure, already phrased for the operator."""
 
 
@@ -113,7 +114,7 @@ _AIORMQ_CONNECTION_LOG = "aiormq.connection"
 
 
 @contextmanager
-def _quiet(logger_name: str) -> Iterator[None]:
+def quiet(logger_name: str) -> Iterator[None]:
     logger = logging.getLogger(logger_name)
     level = logger.level
     logger.setLevel(logging.CRITICAL)
@@ -123,11 +124,12 @@ def _quiet(logger_name: str) -> Iterator[None]:
         logger.setLevel(level)
 
 
-async def _apply(settings: BrokerSettings, topology: Topology) -> ApplyReport:
+async def connect(settings: BrokerSettings) -> AbstractConnection:
+    """Open the CLI's connection; every way that fails becomes one `CliFailure` line."""
     where = redact(settings.amqp_url)
     try:
-        with _quiet(_AIORMQ_CONNECTION_LOG):
-            connection = await aio_pika.connect(
+        with quiet(_AIORMQ_CONNECTION_LOG):
+            return await aio_pika.connect(
                 settings.amqp_url,
                 client_properties={"connection_name": naming.CLI_CONNECTION},
                 timeout=CONNECT_TIMEOUT_SECONDS,
@@ -135,12 +137,17 @@ async def _apply(settings: BrokerSettings, topology: Topology) -> ApplyReport:
     except aiormq.exceptions.InvalidFrameError:
         # aiormq reports a Connection.Close during the handshake only as a frame's repr; on
         # an accepted login that means the vhost is missing or not permitted for this user.
-        raise _Failure(
+        raise CliFailure(
             f"RabbitMQ at {where} closed the connection while opening it: does the vhost "
             f"{vhost_of(settings.amqp_url)!r} exist, and may this user use it?"
         ) from None
     except (aiormq.exceptions.AMQPError, OSError, TimeoutError) as exc:
-        raise _Failure(f"cannot connect to RabbitMQ at {where}: {_reason(exc)}") from None
+        raise CliFailure(f"cannot connect to RabbitMQ at {where}: {reason(exc)}") from None
+
+
+async def _apply(settings: BrokerSettings, topology: Topology) -> ApplyReport:
+    where = redact(settings.amqp_url)
+    connection = await connect(settings)
     management = None
     if settings.management_url:
         management = ManagementClient(settings.management_url, vhost_of(settings.amqp_url))
@@ -148,17 +155,17 @@ async def _apply(settings: BrokerSettings, topology: Topology) -> ApplyReport:
         try:
             return await apply_topology(connection, topology, management)
         except aiormq.exceptions.AMQPError as exc:
-            raise _Failure(f"RabbitMQ at {where} refused the topology: {_reason(exc)}") from None
+            raise CliFailure(f"RabbitMQ at {where} refused the topology: {reason(exc)}") from None
         except httpx.HTTPError as exc:
             # Only asked after a conflict, for its details.
-            raise _Failure(
+            raise CliFailure(
                 f"the topology conflicts with a queue on {where}, and the management API at "
                 f"{redact(str(settings.management_url))} could not say how: {exc}; run without "
                 "--management-url to see the first difference"
             ) from None
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
     text = " ".join(str(arg) for arg in exc.args if arg)
     return text or type(exc).__name__
 
@@ -174,7 +181,7 @@ def apply(
     model = _load(settings)
     try:
         report = asyncio.run(_apply(settings, model))
-    except (_Failure, TopologyError) as exc:
+    except (CliFailure, TopologyError) as exc:
         _fail(str(exc))
     bands = sum(len(spec.bands) for spec in model.queues.values())
     out = _stdout()
