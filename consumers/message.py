@@ -59,12 +59,12 @@ def read_message(
         band=band.name,
         priority=priority,
         message_id=delivery.message_id or _missing_id(delivery),
-        attempt=max(1, _int(headers.get(wire.ATTEMPT), 1)),
+        attempt=max(1, wire.header_int(headers.get(wire.ATTEMPT)) or 1),
         headers=wire.user_headers(headers),
-        partition_key=_text(headers.get(wire.PARTITION_KEY)),
+        partition_key=wire.header_text(headers.get(wire.PARTITION_KEY)),
         enqueued_at=_enqueued_at(headers, delivery.timestamp),
         redelivered=bool(delivery.redelivered),
-        delivery_count=max(0, _int(headers.get(wire.DELIVERY_COUNT), 0)),
+        delivery_count=max(0, wire.header_int(headers.get(wire.DELIVERY_COUNT)) or 0),
         promoted=spec.bands.index(band) < spec.bands.index(spec.band_for(priority)),
     )
 
@@ -106,24 +106,3 @@ def _enqueued_at(headers: Mapping[str, Any], timestamp: datetime | None) -> date
     if timestamp is not None:
         return timestamp if timestamp.tzinfo else timestamp.replace(tzinfo=UTC)
     return wire.now()
-
-
-def _int(value: object, default: int) -> int:
-    if isinstance(value, bool):
-        return default
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str | bytes):
-        try:
-            return int(value)
-        except ValueError:
-            return default
-    return default
-
-
-def _text(value: object) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return str(value)

@@ -117,9 +117,9 @@ def read_dead_letter(
     """The `DeadLetter` view of a DLQ message's properties and headers."""
     values: Mapping[str, Any] = headers or {}
     death = _last_death(values)
-    reason = _text(values.get(FAILURE_REASON))
-    cause = _text(values.get(FAILURE_CAUSE))
-    band = _text(values.get(ORIGINAL_BAND))
+    reason = wire.header_text(values.get(FAILURE_REASON))
+    cause = wire.header_text(values.get(FAILURE_CAUSE))
+    band = wire.header_text(values.get(ORIGINAL_BAND))
     failed_at = _millis(values.get(FAILED_AT))
     if death is not None and cause is None:
         # Dead-lettered by the broker itself (a delivery limit, a TTL on a band without aging
@@ -135,14 +135,14 @@ def read_dead_letter(
         message_id=message_id or "",
         reason=reason,
         cause=cause,
-        error_type=_text(values.get(FAILURE_TYPE)),
-        attempts=_int(values.get(ATTEMPTS)) or _int(values.get(wire.ATTEMPT)),
+        error_type=wire.header_text(values.get(FAILURE_TYPE)),
+        attempts=wire.header_int(values.get(ATTEMPTS)) or wire.header_int(values.get(wire.ATTEMPT)),
         original_band=band,
         priority=priority,
         failed_at=failed_at,
         enqueued_at=enqueued_at,
         age_seconds=round((now - failed_at).total_seconds(), 3) if failed_at else None,
-        replays=_int(values.get(REPLAYS)) or 0,
+        replays=wire.header_int(values.get(REPLAYS)) or 0,
     )
 
 
@@ -210,7 +210,7 @@ def replay_envelope(
         priority=replay_priority(spec, record),
         message_id=record.message_id or wire.new_message_id(),
         enqueued_at=record.enqueued_at or wire.now(),
-        partition_key=_text(values.get(wire.PARTITION_KEY)),
+        partition_key=wire.header_text(values.get(wire.PARTITION_KEY)),
         attempt=1,
         extra_headers=extra,
         raw_body=body,
@@ -229,40 +229,19 @@ def _last_death(headers: Mapping[str, Any]) -> tuple[str, str | None, datetime |
     deaths = headers.get("x-death")
     if isinstance(deaths, list | tuple) and deaths and isinstance(deaths[0], Mapping):
         latest = deaths[0]  # the broker keeps the most recent first
-        reason = _text(latest.get("reason"))
+        reason = wire.header_text(latest.get("reason"))
         if reason:
             when = latest.get("time")
             moment = _aware(when) if isinstance(when, datetime) else None
-            return reason, _text(latest.get("queue")), moment
-    reason = _text(headers.get("x-first-death-reason"))
+            return reason, wire.header_text(latest.get("queue")), moment
+    reason = wire.header_text(headers.get("x-first-death-reason"))
     if reason:
-        return reason, _text(headers.get("x-first-death-queue")), None
-    return None
-
-
-def _text(value: object) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return str(value)
-
-
-def _int(value: object) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str | bytes):
-        try:
-            return int(value)
-        except ValueError:
-            return None
+        return reason, wire.header_text(headers.get("x-first-death-queue")), None
     return None
 
 
 def _millis(value: object) -> datetime | None:
-    number = _int(value)
+    number = wire.header_int(value)
     return wire.from_millis(number) if number is not None else None
 
 

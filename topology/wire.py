@@ -142,5 +142,28 @@ def user_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def header_int(value: object) -> int | None:
+    """An integer header as any client may have written it (int, numeric string or bytes)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str | bytes):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
+
+
+def header_text(value: object) -> str | None:
+    """A text header; AMQP clients may send it as bytes."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
 def decode_body(body: bytes) -> Any:
     return orjson.loads(body)
