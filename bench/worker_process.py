@@ -189,7 +189,7 @@ class WorkerProcess:
         try:
             wait_for_line(self.process, "ready", start_timeout)
         except BaseException:
-            self.kill()
+            self.__exit__(None, None, None)
             raise
 
     def wait(self, timeout: float) -> dict[str, Any]:
