@@ -34,6 +34,13 @@ class ConsumerTelemetry:
 
     @contextmanager
     def span(self, message: Message, headers: Mapping[str, Any] | None) -> Iterator[trace.Span]:
+        if self.telemetry is not None and not self.telemetry.tracing:
+            # No exporter: no SDK span (about an eighth of the worker's CPU), but the incoming
+            # context stays current, so a retry published now still continues the trace.
+            parent = trace.get_current_span(extract_context(headers))
+            with trace.use_span(parent, end_on_exit=False) as current:
+                yield current
+            return
         attributes: dict[str, str | int | bool] = {
             "messaging.system": "rabbitmq",
             "messaging.destination.name": message.queue,

@@ -17,7 +17,7 @@ from typing import Any
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
@@ -49,7 +49,10 @@ class Telemetry:
     def __post_init__(self) -> None:
         resource = Resource.create({"service.name": self.service_name})
         reader = PrometheusMetricReader(registry=self.registry, scope_info_enabled=False)
-        self.meter_provider = MeterProvider(metric_readers=[reader], resource=resource)
+        # Exemplars are sampled on every measurement and nothing here reads them.
+        self.meter_provider = MeterProvider(
+            metric_readers=[reader], resource=resource, exemplar_filter=AlwaysOffExemplarFilter()
+        )
         self.tracer_provider = TracerProvider(resource=resource)
         # Spans cost CPU on every message; without anywhere to send them they are not made
         # (the trace context a message already carries is still passed on).
