@@ -66,22 +66,23 @@ class ConsumerTelemetry:
         deliver_at = (headers or {}).get(wire.DELIVER_AT)
         if isinstance(deliver_at, int) and not isinstance(deliver_at, bool):
             due = max(due, wire.from_millis(deliver_at))
-        labels = {"queue": message.queue, "band": message.band}
-        self.telemetry.wait_time.record(max(0.0, (wire.now() - due).total_seconds()), labels)
+        queue, band = message.queue, message.band
+        waited = max(0.0, (wire.now() - due).total_seconds())
+        self.telemetry.wait_time.labels(queue, band).observe(waited)
         if message.promoted:
-            self.telemetry.promoted.add(1, labels)
+            self.telemetry.promoted.labels(queue, band).inc()
 
     def finished(self, message: Message, outcome: Outcome, seconds: float | None) -> None:
         """A message was settled; `seconds` is the handler's run time, None if it did not run."""
         if self.telemetry is None:
             return
-        labels = {"queue": message.queue, "band": message.band}
+        queue, band = message.queue, message.band
         if seconds is not None:
-            self.telemetry.handler_duration.record(seconds, labels)
-        self.telemetry.consumed.add(1, {**labels, "outcome": outcome_name(outcome)})
+            self.telemetry.handler_duration.labels(queue, band).observe(seconds)
+        self.telemetry.consumed.labels(queue, band, outcome_name(outcome)).inc()
         if isinstance(outcome, RetryLater):
-            self.telemetry.retried.add(1, labels)
+            self.telemetry.retried.labels(queue, band).inc()
         elif isinstance(outcome, DeadLetter):
-            self.telemetry.dead_lettered.add(1, {**labels, "cause": outcome.cause})
+            self.telemetry.dead_lettered.labels(queue, band, outcome.cause).inc()
         else:
             assert isinstance(outcome, Ack)

@@ -56,7 +56,7 @@ def count_rejected(request: Request, code: str, amount: int = 1) -> None:
     queue = request.path_params.get("queue")
     if queue not in request.app.state.topology.queues:
         queue = "-"
-    telemetry.rejected.add(amount, {"queue": queue, "reason": code})
+    telemetry.rejected.labels(queue, code).inc(amount)
 
 
 _HTTP_CODES = {

@@ -136,9 +136,10 @@ class Publisher:
             started = time.perf_counter()
             await self._send(exchange, key, message)
         if self.telemetry is not None:
-            labels = {"queue": envelope.queue, "band": band.name}
-            self.telemetry.published.add(1, labels)
-            self.telemetry.publish_duration.record(time.perf_counter() - started, labels)
+            self.telemetry.published.labels(envelope.queue, band.name).inc()
+            self.telemetry.publish_duration.labels(envelope.queue, band.name).observe(
+                time.perf_counter() - started
+            )
         return Published(
             message_id=envelope.message_id,
             queue=envelope.queue,

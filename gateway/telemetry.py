@@ -1,10 +1,14 @@
-"""Metrics and traces (OpenTelemetry), shared by the gateway and the workers.
+"""Metrics and traces, shared by the gateway and the workers.
 
-Each app builds its own `Telemetry`: a meter provider exporting to a private Prometheus
-registry (served on `/metrics`) and a tracer provider exporting by OTLP when
+Each app builds its own `Telemetry`: Prometheus metrics in a private registry (served on
+`/metrics`), and an OpenTelemetry tracer provider exporting by OTLP when
 `OTEL_EXPORTER_OTLP_ENDPOINT` is set (the standard `OTEL_*` variables apply), or to the span
 exporter a test passes. Trace context travels in message headers (W3C `traceparent`), so a
 worker's handler span continues the trace of the publish that produced the message.
+
+Metrics are recorded with `prometheus_client` directly: a measurement costs well under a
+microsecond there, against about 7 microseconds through the OpenTelemetry metrics SDK, and
+every message records two or three (measured in bench/, the worker's CPU per message).
 """
 
 from __future__ import annotations
@@ -16,17 +20,26 @@ from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800,
 )  # fmt: skip
+
 PROMETHEUS_CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# `*_created` series double the output and nobody graphs them.
+disable_created_metrics()
 
 
 def _otlp_exporter() -> SpanExporter | None:
@@ -48,11 +61,6 @@ class Telemetry:
 
     def __post_init__(self) -> None:
         resource = Resource.create({"service.name": self.service_name})
-        reader = PrometheusMetricReader(registry=self.registry, scope_info_enabled=False)
-        # Exemplars are sampled on every measurement and nothing here reads them.
-        self.meter_provider = MeterProvider(
-            metric_readers=[reader], resource=resource, exemplar_filter=AlwaysOffExemplarFilter()
-        )
         self.tracer_provider = TracerProvider(resource=resource)
         # Spans cost CPU on every message; without anywhere to send them they are not made
         # (the trace context a message already carries is still passed on).
@@ -64,35 +72,41 @@ class Telemetry:
         else:
             self.tracing = False
         self.tracer = self.tracer_provider.get_tracer("bandgate")
-        meter = self.meter_provider.get_meter("bandgate")
-        count = "{message}"
-        self.published = meter.create_counter(
-            "bandgate.published", count, "messages the broker confirmed"
+        band = ("queue", "band")
+        registry = self.registry
+        self.published = Counter(
+            "bandgate_published", "messages the broker confirmed", band, registry=registry
         )
-        self.publish_duration = meter.create_histogram(
-            "bandgate.publish.duration", "s", "publish until the broker's confirm",
-            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
+        self.publish_duration = Histogram(
+            "bandgate_publish_duration_seconds", "publish until the broker's confirm", band,
+            registry=registry, buckets=LATENCY_BUCKETS,
         )  # fmt: skip
-        self.rejected = meter.create_counter(
-            "bandgate.rejected", count, "requests refused, by reason (error code)"
+        self.rejected = Counter(
+            "bandgate_rejected",
+            "requests refused, by reason (error code)",
+            ("queue", "reason"),
+            registry=registry,
         )
-        self.consumed = meter.create_counter(
-            "bandgate.consumed", count, "messages handled, by outcome"
-        )
-        self.handler_duration = meter.create_histogram(
-            "bandgate.handler.duration", "s", "handler run time",
-            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
+        self.consumed = Counter(
+            "bandgate_consumed", "messages handled, by outcome", (*band, "outcome"),
+            registry=registry,
         )  # fmt: skip
-        self.retried = meter.create_counter("bandgate.retried", count, "retries scheduled")
-        self.dead_lettered = meter.create_counter(
-            "bandgate.dead_lettered", count, "messages sent to the dead-letter queue"
-        )
-        self.promoted = meter.create_counter(
-            "bandgate.promoted", count, "messages handled after aging promoted them"
-        )
-        self.wait_time = meter.create_histogram(
-            "bandgate.wait", "s", "enqueue (or due time) until the handler starts",
-            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
+        self.handler_duration = Histogram(
+            "bandgate_handler_duration_seconds", "handler run time", band,
+            registry=registry, buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.retried = Counter("bandgate_retried", "retries scheduled", band, registry=registry)
+        self.dead_lettered = Counter(
+            "bandgate_dead_lettered", "messages sent to the dead-letter queue", (*band, "cause"),
+            registry=registry,
+        )  # fmt: skip
+        self.promoted = Counter(
+            "bandgate_promoted", "messages handled after aging promoted them", band,
+            registry=registry,
+        )  # fmt: skip
+        self.wait_time = Histogram(
+            "bandgate_wait_seconds", "enqueue (or due time) until the handler starts", band,
+            registry=registry, buckets=LATENCY_BUCKETS,
         )  # fmt: skip
 
     def prometheus_text(self) -> bytes:
@@ -100,7 +114,6 @@ class Telemetry:
 
     def shutdown(self) -> None:
         self.tracer_provider.shutdown()
-        self.meter_provider.shutdown()
 
 
 def inject_context(headers: MutableMapping[str, Any], context: Context | None = None) -> None:
