@@ -5,7 +5,8 @@
 - `bandgate`: the real consumer library as `bandgate worker` runs it (`ConsumerApp`,
   `@app.consumer`, `Worker.serve()`: waterfall dispatch, settling, telemetry, signals);
 - `plain`: the baseline, a plain aio-pika consumer: one channel per queue with its prefetch,
-  an `asyncio.Semaphore` of `concurrency` slots taken in arrival order, ack after the handler.
+  an `asyncio.Semaphore` of `concurrency` slots taken in arrival order, ack after the handler;
+  on asyncio's own loop, as aio-pika runs by default (or on uvloop, for comparison).
 
 Both run the same handler: record the message, then sleep `handler_ms` (nothing at 0). The
 process prints `ready` once it consumes, stops after `expect` messages (0: on SIGTERM) and
@@ -35,6 +36,7 @@ import aio_pika
 import orjson
 
 from bench.environment import cpu_seconds, machine_busy_seconds, wait_for_line
+from consumers.worker import run_on_event_loop
 
 Kind = Literal["bandgate", "plain"]
 
@@ -48,6 +50,7 @@ class WorkerConfig:
     queue: str = "orders"  # bandgate: the logical queue
     prefetch: dict[str, int] | None = None  # bandgate: per band, instead of the defaults
     queues: list[tuple[str, int]] = field(default_factory=list)  # plain: (queue, prefetch)
+    plain_loop: Literal["asyncio", "uvloop"] = "asyncio"  # plain: aio-pika's default, or uvloop
     expect: int = 0  # stop after this many messages; 0: run until SIGTERM
     warmup: int = 1  # the drain is timed from this message on
     run: str = ""  # hot messages of other runs count as background
@@ -168,8 +171,10 @@ def main() -> None:
     config.queues = [(name, prefetch) for name, prefetch in config.queues]
     logging.basicConfig(level=logging.WARNING, format="worker %(levelname)s %(name)s: %(message)s")
     recorder = Recorder(config)
-    run = run_bandgate if config.kind == "bandgate" else run_plain
-    asyncio.run(run(config, recorder))
+    if config.kind == "bandgate":
+        run_on_event_loop(run_bandgate(config, recorder))  # the loop `bandgate worker` runs on
+    else:
+        run_on_event_loop(run_plain(config, recorder), config.plain_loop)
     Path(config.out).write_bytes(orjson.dumps(recorder.result()))
 
 

@@ -7,7 +7,6 @@ import), and nothing connects before `run()`.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -132,7 +131,7 @@ class ConsumerApp:
 
     def run(self, *, concurrency: int | None = None) -> None:
         """Run a worker for every consumer until SIGTERM or SIGINT (blocks)."""
-        from consumers.worker import Worker  # the worker needs aio-pika's runtime; import late
+        # The worker needs aio-pika's runtime; import late.
+        from consumers.worker import Worker, run_until_stopped
 
-        worker = Worker(self, concurrency=concurrency)
-        asyncio.run(worker.serve())
+        run_until_stopped(Worker(self, concurrency=concurrency))

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import logging
 import os
@@ -17,7 +16,7 @@ import typer
 
 from consumers.app import ConsumerApp
 from consumers.errors import ConsumerError
-from consumers.worker import Worker
+from consumers.worker import Worker, run_on_event_loop
 from topology.loader import TopologyError
 
 log = logging.getLogger(__name__)
@@ -113,7 +112,8 @@ def worker(
     if overrides:
         settings = settings.model_copy(update=overrides)
     try:
-        asyncio.run(Worker(app, concurrency=concurrency, settings=settings).serve())
+        worker = Worker(app, concurrency=concurrency, settings=settings)
+        run_on_event_loop(worker.serve(), settings.event_loop)
     except (ConsumerError, TopologyError) as exc:
         typer.echo(f"bandgate worker: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -177,8 +177,10 @@ class Dispatcher(Generic[T]):
     to `refill_wait` seconds after it ran dry, such a band still counts as a candidate: when
     the policy would pick it, the free slot waits for its next delivery instead of starting
     colder work. A band whose messages arrive one at a time (no backlog) never makes anybody
-    wait. When a backlog really ended, `on_dry(band)` lets the owner ask the broker and call
-    `settle(band)`, so colder work does not wait out the full `refill_wait`.
+    wait. When a free slot first waits for such a band (holding colder work back), `on_dry(band)`
+    lets the owner ask the broker and call `settle(band)` if the backlog really ended, so colder
+    work does not wait out the full `refill_wait`. A band that runs dry while nothing colder is
+    at hand costs no question to the broker (the coldest band's refills never do).
     """
 
     def __init__(
@@ -204,6 +206,7 @@ class Dispatcher(Generic[T]):
         self._busy_keys: set[tuple[int, str]] = set()
         self._backlog = [False] * bands  # a delivery found the buffer non-empty
         self._dry_since: list[float | None] = [None] * bands  # backlog buffer ran dry at
+        self._asked = [False] * bands  # on_dry was called in this dry spell
         self._changed = asyncio.Event()
         self._closed = False
 
@@ -270,15 +273,19 @@ class Dispatcher(Generic[T]):
         band = self._policy.peek(candidates)
         position = positions[band]
         if position is None:
-            return None  # wait for the refill of a band the policy prefers
+            # Wait for the refill of a band the policy prefers; ask the owner, once per dry
+            # spell, whether one is coming at all.
+            if not self._asked[band] and self._on_dry is not None:
+                self._asked[band] = True
+                self._on_dry(band)
+            return None
         self._policy.commit(candidates, band)
         buffer = self._buffers[band]
         item = buffer[position]
         del buffer[position]
         if not buffer and self._backlog[band] and self.refill_wait > 0:
             self._dry_since[band] = self._clock()
-            if self._on_dry is not None:
-                self._on_dry(band)  # e.g. ask the broker whether more is coming
+            self._asked[band] = False
         self._running += 1
         key = self._key(item)
         if key is not None:

@@ -40,27 +40,29 @@ async def invoke(
     *,
     time_limit: float | None = None,
     executor: Executor | None = None,
+    asynchronous: bool | None = None,
 ) -> None:
     """Run `handler(message)`; `TimeLimitExceeded` when it runs past `time_limit` seconds.
 
     An async handler is cancelled at the limit. A sync one runs in `executor`'s threads, which
     Python cannot interrupt: at the limit it counts as failed and its slot is freed, but the
     thread runs on until the function returns (logged, so it can be found). A TimeoutError the
-    handler raises itself (say, from an HTTP client) stays a TimeoutError.
+    handler raises itself (say, from an HTTP client) stays a TimeoutError. `asynchronous` is
+    `is_async(handler)`, when the caller knows it already (it runs on every message).
     """
+    if asynchronous is None:
+        asynchronous = is_async(handler)
+    if time_limit is None:
+        await _call(handler, message, asynchronous, executor)
+        return
     scope = asyncio.timeout(time_limit)
     try:
         async with scope:
-            if is_async(handler):
-                await handler(message)
-            else:
-                loop = asyncio.get_running_loop()
-                context = contextvars.copy_context()  # keeps the trace span in the thread
-                await loop.run_in_executor(executor, context.run, handler, message)
+            await _call(handler, message, asynchronous, executor)
     except TimeoutError:
         if not scope.expired():
             raise
-        if not is_async(handler):
+        if not asynchronous:
             log.warning(
                 "sync handler %s ran past its time limit of %g s on message %s; its thread "
                 "cannot be interrupted and keeps running",
@@ -71,3 +73,14 @@ async def invoke(
         raise TimeLimitExceeded(
             f"handler ran past its time limit of {time_limit:g} s and was cancelled"
         ) from None
+
+
+async def _call(
+    handler: Handler, message: Message, asynchronous: bool, executor: Executor | None
+) -> None:
+    if asynchronous:
+        await handler(message)
+    else:
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()  # keeps the trace span in the thread
+        await loop.run_in_executor(executor, context.run, handler, message)

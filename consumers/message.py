@@ -65,7 +65,9 @@ def read_message(
         enqueued_at=_enqueued_at(headers, delivery.timestamp),
         redelivered=bool(delivery.redelivered),
         delivery_count=max(0, wire.header_int(headers.get(wire.DELIVERY_COUNT)) or 0),
-        promoted=spec.bands.index(band) < spec.bands.index(spec.band_for(priority)),
+        # Bands are contiguous ranges, hottest first: a priority below the band's range
+        # belongs to a colder band, which the broker promoted it from.
+        promoted=priority < band.low,
     )
 
 

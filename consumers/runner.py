@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -46,7 +46,7 @@ from consumers.outcome import (
     describe,
 )
 from consumers.settle import Settler
-from consumers.subscription import Subscription
+from consumers.subscription import OnDelivery, Subscription
 from consumers.telemetry import ConsumerTelemetry, outcome_name
 from topology import naming, wire
 from topology.model import Band
@@ -127,9 +127,10 @@ class ConsumerRunner:
             refill_wait=refill_wait,
             on_dry=self._on_dry,
         )
+        self._asynchronous = consumer.is_async
         self._executor = (
             None
-            if consumer.is_async
+            if self._asynchronous
             else ThreadPoolExecutor(
                 self.concurrency, thread_name_prefix=f"bandgate-{self.spec.name}"
             )
@@ -139,6 +140,9 @@ class ConsumerRunner:
         self._workers: WorkersQueue | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._arrived = [0] * len(self.spec.bands)
+        # A probe that found a band's backlog goes on answers for the next refill wait too.
+        self._refill_wait = refill_wait
+        self._backlog_seen_at = [float("-inf")] * len(self.spec.bands)
         self._arrival = asyncio.Event()
         self._stopping = False
         self._stopped = asyncio.Event()  # ends in-place retry waits
@@ -223,8 +227,11 @@ class ConsumerRunner:
         return self.settler.publisher.topology.exchange
 
     def _on_dry(self, index: int) -> None:
-        if self._probe_channel is not None and not self._stopping:
-            self._spawn(self._probe(index))
+        if self._probe_channel is None or self._stopping:
+            return
+        if asyncio.get_running_loop().time() - self._backlog_seen_at[index] < self._refill_wait:
+            return  # the broker had more for it a moment ago: its refill is on the way
+        self._spawn(self._probe(index))
 
     async def _probe(self, index: int) -> None:
         """A backlogged band ran dry: if the broker has nothing ready for it, stop waiting.
@@ -243,12 +250,12 @@ class ConsumerRunner:
                 log.debug("probing %s: %r", subscription.queue, exc)
                 return
             ready += declared.message_count or 0
-        if not ready:
+        if ready:
+            self._backlog_seen_at[index] = asyncio.get_running_loop().time()
+        else:
             self.dispatcher.settle(index)
 
-    def _on_delivery(
-        self, subscription: Subscription
-    ) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
+    def _on_delivery(self, subscription: Subscription) -> OnDelivery:
         index = subscription.band
 
         async def on_delivery(incoming: AbstractIncomingMessage) -> None:
@@ -444,6 +451,7 @@ class ConsumerRunner:
                 message,
                 time_limit=self.consumer.options.time_limit,
                 executor=self._executor,
+                asynchronous=self._asynchronous,
             )
         except asyncio.CancelledError as exc:
             current = asyncio.current_task()

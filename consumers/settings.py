@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from topology import naming
 from topology.settings import BrokerSettings
+
+EventLoopName = Literal["auto", "uvloop", "asyncio"]
 
 
 class WorkerSettings(BrokerSettings):
@@ -51,5 +55,10 @@ class WorkerSettings(BrokerSettings):
     metrics_host: str = Field(default="127.0.0.1", description="address the metrics port binds")
     declare_topology: bool = Field(
         default=True, description="apply the topology on start (idempotent)"
+    )
+    event_loop: EventLoopName = Field(
+        default="auto",
+        description="the event loop: uvloop when installed (auto), as uvicorn does; it cuts "
+        "the worker's CPU per message by about a quarter (bench/)",
     )
     connection_name: str = naming.WORKER_CONNECTION

@@ -30,6 +30,8 @@ from aio_pika.abc import (
 
 log = logging.getLogger(__name__)
 
+OnDelivery = Callable[[AbstractIncomingMessage], Awaitable[None]]
+
 
 @dataclass(eq=False)
 class Subscription:
@@ -50,7 +52,7 @@ class Subscription:
     async def open(
         self,
         connection: AbstractConnection,
-        on_delivery: Callable[[AbstractIncomingMessage], Awaitable[None]],
+        on_delivery: OnDelivery,
     ) -> int:
         """Consume the queue on a new channel; the number of messages ready just before."""
         channel = await connection.channel()

@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
 from wsgiref.simple_server import WSGIServer
 
 import aio_pika
@@ -22,7 +23,7 @@ from prometheus_client import start_http_server
 from consumers.app import ConsumerApp
 from consumers.errors import ConsumerError
 from consumers.runner import ConsumerRunner
-from consumers.settings import WorkerSettings
+from consumers.settings import EventLoopName, WorkerSettings
 from consumers.settle import Settler
 from consumers.telemetry import ConsumerTelemetry
 from gateway.publishing import ChannelSet, Publisher, confirm_channel_factory
@@ -35,6 +36,27 @@ from topology.model import Topology
 log = logging.getLogger(__name__)
 
 CONNECT_RETRY_SECONDS = 1.0
+
+T = TypeVar("T")
+
+
+def run_until_stopped(worker: Worker) -> None:
+    """`worker.serve()` on the event loop its settings name (`event_loop`), until a signal."""
+    run_on_event_loop(worker.serve(), worker.settings.event_loop)
+
+
+def run_on_event_loop(main: Coroutine[Any, Any, T], choice: EventLoopName = "auto") -> T:
+    """`asyncio.run(main)`, on uvloop unless `choice` is asyncio (auto: when installed)."""
+    if choice != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                main.close()
+                raise ConsumerError("event_loop is uvloop but uvloop is not installed") from None
+        else:
+            return uvloop.run(main)
+    return asyncio.run(main)
 
 
 class Worker:

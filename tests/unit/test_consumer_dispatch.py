@@ -184,8 +184,11 @@ def test_a_backlogged_band_that_runs_dry_keeps_its_claim_for_the_refill_wait() -
     work.put(2, ("cold-1", None))
     assert work.take_nowait() == (0, ("hot-1", None))
     assert work.take_nowait() == (0, ("hot-2", None))
-    assert dry == [0]  # the owner is asked to check the broker
+    assert dry == []  # nothing waits for it yet
     assert work.take_nowait() is None  # the hot refill is probably on its way
+    assert dry == [0]  # cold work waits: the owner is asked to check the broker
+    assert work.take_nowait() is None
+    assert dry == [0]  # once per dry spell
     assert work.waiting_for_refill() == [0]
     clock.now += 0.05
     work.put(0, ("hot-3", None))  # and here it is
@@ -194,6 +197,20 @@ def test_a_backlogged_band_that_runs_dry_keeps_its_claim_for_the_refill_wait() -
     clock.now += 0.11
     assert work.take_nowait() == (2, ("cold-1", None))  # the wait ran out
     assert work.waiting_for_refill() == []
+
+
+def test_a_band_running_dry_with_nothing_colder_at_hand_asks_nothing() -> None:
+    clock, dry = Clock(), list[int]()
+    work = refilling(clock, dry)
+    for name in ("cold-1", "cold-2", "cold-3"):
+        work.put(2, (name, None))
+    assert [work.take_nowait() for _ in range(3)] == [
+        (2, ("cold-1", None)),
+        (2, ("cold-2", None)),
+        (2, ("cold-3", None)),
+    ]
+    assert work.take_nowait() is None
+    assert dry == []  # the coldest band holds nothing back: no broker round trip
 
 
 def test_a_band_without_backlog_makes_nobody_wait() -> None:
