@@ -39,7 +39,7 @@ LATENCY_BUCKETS = (
 PROMETHEUS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # `*_created` series double the output and nobody graphs them.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 def _otlp_exporter() -> SpanExporter | None:
