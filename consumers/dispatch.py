@@ -27,12 +27,15 @@ handler duration, `R` = refill latency from ack to next delivery):
   at hand, enough while `d > R * C / (P - C)` (`d > R` at `P = 2C`).
 - the coldest band: `P = max(2, C // 4)`. Background work never holds more than that many slots,
   so hotter work finds a free slot at once even under a huge cold backlog (a prototype of this
-  shape measured hot p99 of 4.5-8 ms under 50 000 cold messages). The price: a cold-only load
-  runs at most `P` handlers at a time. Override per band with `prefetch={"cold": n}`.
+  shape measured hot p99 of 4.5-8 ms under 50 000 cold messages). So that a cold-only load
+  still uses every slot, the coldest band gets `2C` once no hotter message has arrived for
+  `cold_boost_seconds` (0.5 s), and `max(2, C // 4)` again at the next one (`consumers.boost`;
+  while boosted, the first hotter message waits for a slot to free). Override per band with
+  `prefetch={"cold": n}`, which also turns the boost off.
 - refill wait `H` (`WorkerSettings.refill_wait_seconds`, 0.1 s): a band that had a backlog at
   hand and runs dry keeps its claim on free slots for up to `H`, because its refill is most
-  likely on the way; the worker asks the broker at once (passive declare) and drops the claim
-  when the band is really empty. This covers refill stalls shorter than `H + d`.
+  likely on the way; when a free slot waits for it, the worker asks the broker (passive
+  declare) and drops the claim when the band is really empty. This covers refill stalls shorter than `H + d`.
 
 An inversion is a colder message starting while a hotter one is ready on the broker. With the
 above, it happens only (a) in the delivery latency `L` (about half a round trip) after a hotter

@@ -31,6 +31,7 @@ from opentelemetry import trace
 
 from consumers.app import Consumer
 from consumers.balance import WorkersQueue, surplus
+from consumers.boost import ColdBoost
 from consumers.dispatch import Dispatcher, DispatcherClosed, make_policy, shard_prefetch
 from consumers.errors import MalformedMessage, Reject, Retry
 from consumers.invoke import invoke
@@ -94,6 +95,7 @@ class ConsumerRunner:
         prime_timeout: float = 2.0,
         refill_wait: float = 0.1,
         share_interval: float = 1.0,
+        boost_after: float = 0.5,
         telemetry: ConsumerTelemetry | None = None,
     ) -> None:
         self.consumer = consumer
@@ -135,6 +137,9 @@ class ConsumerRunner:
                 self.concurrency, thread_name_prefix=f"bandgate-{self.spec.name}"
             )
         )
+        self._boost_after = boost_after
+        self.boost: ColdBoost | None = None
+        self._boost_task: asyncio.Task[None] | None = None
         self._probe_channel: AbstractChannel | None = None
         self._background: set[asyncio.Task[None]] = set()  # probes, handovers, sharing
         self._workers: WorkersQueue | None = None
@@ -169,6 +174,15 @@ class ConsumerRunner:
                 await self._prime(index, expected)
         if self.spec.shares_shards:
             await self._join_workers()
+        if self._may_boost():
+            coldest = self.subscriptions[-1][0]
+            self.boost = ColdBoost(
+                coldest,
+                self._on_delivery(coldest),
+                full=self.prefetch[0],
+                idle_after=self._boost_after,
+            )
+            self._boost_task = asyncio.create_task(self.boost.run())
         log.info(
             "consuming %s with %s (concurrency %d, policy %s, prefetch %s%s)",
             self.spec.name,
@@ -184,6 +198,20 @@ class ConsumerRunner:
             ", strictly serial"
             if self.spec.ordering_required
             else (", ordered per key" if self.spec.ordered else ""),
+        )
+
+    def _may_boost(self) -> bool:
+        """Whether the coldest band gets the full prefetch while hotter bands are idle
+        (`consumers.boost`): strict policy, its default small prefetch, one competing queue."""
+        coldest = self.spec.bands[-1]
+        return (
+            self._boost_after > 0
+            and self.consumer.options.policy == "strict"
+            and len(self.spec.bands) > 1
+            and coldest.shards == 1
+            and not self.spec.ordered
+            and coldest.name not in self.consumer.options.prefetch_overrides
+            and self.prefetch[-1] < self.prefetch[0]
         )
 
     async def _join_workers(self) -> None:
@@ -266,6 +294,8 @@ class ConsumerRunner:
                     await self.settler.give_back(incoming)
                 return
             subscription.active = True
+            if self.boost is not None and index < len(self.subscriptions) - 1:
+                self.boost.hotter_arrived()
             self._arrived[index] += 1
             self._arrival.set()
             self.dispatcher.put(index, Delivery(subscription, incoming, partition_key(incoming)))
@@ -486,6 +516,9 @@ class ConsumerRunner:
         """
         self._stopping = True
         self._stopped.set()
+        if self.boost is not None and self._boost_task is not None:
+            self.boost.stop()
+            await asyncio.gather(self._boost_task, return_exceptions=True)
         if self._workers is not None:
             await self._workers.leave()
         subscriptions = [s for band in self.subscriptions for s in band]
@@ -507,6 +540,9 @@ class ConsumerRunner:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def close(self) -> None:
+        if self._boost_task is not None:
+            self._boost_task.cancel()
+            await asyncio.gather(self._boost_task, return_exceptions=True)
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

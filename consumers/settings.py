@@ -37,6 +37,12 @@ class WorkerSettings(BrokerSettings):
         description="how long a free slot waits for a backlogged hotter band's refill before "
         "it starts colder work (quorum queues can take tens of ms to process an ack)",
     )
+    cold_boost_seconds: float = Field(
+        default=0.5,
+        ge=0,
+        description="once no hotter message arrived for this long, the coldest band may fill "
+        "every slot (prefetch 2C instead of C/4) until one does; 0 never (consumers.boost)",
+    )
     share_shards_seconds: float = Field(
         default=1.0,
         gt=0,

@@ -65,6 +65,22 @@ class Subscription:
         self._consumer = queue, await queue.consume(on_delivery)
         return declared.message_count or 0
 
+    async def resize(self, prefetch: int, on_delivery: OnDelivery) -> None:
+        """Consume with another prefetch; what is in hand stays and is settled as usual.
+
+        RabbitMQ fixes a consumer's prefetch when it subscribes (basic.qos applies to consumers
+        made after it), so this subscribes anew and then cancels the old consumer: the queue is
+        never left without one, even when the channel closes half-way.
+        """
+        assert not self.single_active, "a single active consumer is handed back, not resized"
+        assert self.channel is not None
+        assert self._consumer is not None
+        queue, old = self._consumer
+        await self.channel.set_qos(prefetch_count=prefetch)
+        self._consumer = queue, await queue.consume(on_delivery)
+        self.prefetch = prefetch
+        await queue.cancel(old)
+
     def started(self) -> None:
         self.running += 1
         self._idle.clear()

@@ -135,6 +135,58 @@ async def test_weighted_shares_under_saturation(
         assert shares[band] == pytest.approx(expected[band], rel=0.10), band
 
 
+async def test_the_coldest_band_fills_every_slot_while_hotter_bands_are_idle(
+    amqp_url: str, topology: Topology, start_worker: StartWorker
+) -> None:
+    """Cold boost: with no hotter work, a cold backlog runs on all 8 slots, not its prefetch of
+    2; a hot message shrinks the cold band back, and starts as soon as a slot is free."""
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        await apply_topology(connection, topology)
+        publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
+        cold = [Envelope(queue="orders", payload={"n": n}, priority=1) for n in range(40)]
+        assert all(isinstance(r, Published) for r in await publisher.publish_many(cold))
+
+        settings = WorkerSettings(amqp_url=amqp_url, cold_boost_seconds=0.2)
+        app = ConsumerApp(settings, topology=topology)
+        running: Counter[str] = Counter()
+        all_slots_cold, hot_started, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        @app.consumer("orders", concurrency=8)
+        async def handle(msg: Message) -> None:
+            running[msg.band] += 1
+            if running["cold"] == 8:
+                all_slots_cold.set()
+            if msg.band == "hot":
+                hot_started.set()
+            await release.wait()
+            running[msg.band] -= 1
+
+        worker = await start_worker(app)
+        runner = worker.runners[0]
+        boost = runner.boost
+        assert boost is not None
+        assert runner.prefetch == (16, 16, 2)
+        try:
+            await asyncio.wait_for(all_slots_cold.wait(), 10)
+            await until(lambda: boost.boosted)  # its old consumer is cancelled after the resize
+
+            await publisher.publish(Envelope(queue="orders", payload={"hot": True}, priority=8))
+            await until(lambda: not boost.boosted)
+            assert not hot_started.is_set()  # every slot is busy with cold work
+        finally:
+            release.set()
+        await asyncio.wait_for(hot_started.wait(), 10)
+        await publisher.channels.close()
+
+
+async def until(condition: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not come true in time"
+        await asyncio.sleep(0.01)
+
+
 async def test_a_cold_message_left_waiting_is_promoted_and_handled_as_warm(
     amqp_url: str, start_worker: StartWorker
 ) -> None:
