@@ -35,7 +35,8 @@ handler duration, `R` = refill latency from ack to next delivery):
 - refill wait `H` (`WorkerSettings.refill_wait_seconds`, 0.1 s): a band that had a backlog at
   hand and runs dry keeps its claim on free slots for up to `H`, because its refill is most
   likely on the way; when a free slot waits for it, the worker asks the broker (passive
-  declare) and drops the claim when the band is really empty. This covers refill stalls shorter than `H + d`.
+  declare) and drops the claim when the band is really empty. This covers refill stalls
+  shorter than `H + d`.
 
 An inversion is a colder message starting while a hotter one is ready on the broker. With the
 above, it happens only (a) in the delivery latency `L` (about half a round trip) after a hotter
