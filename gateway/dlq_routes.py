@@ -15,14 +15,8 @@ from starlette.routing import BaseRoute, Route
 
 from gateway.auth import authorize
 from gateway.broker import BrokerLink
-from gateway.dead_letters import (
-    DeadLetterBrokerError,
-    DeadLetterQueueMissing,
-    count_dead_letters,
-    list_dead_letters,
-    purge,
-    replay,
-)
+from gateway.dead_letters import count_dead_letters, list_dead_letters, purge, replay
+from gateway.dlq_access import DeadLetterBrokerError, DeadLetterQueueMissing
 from gateway.errors import ApiError
 from gateway.routes import json_body, json_response, queue_spec, topology_of
 from gateway.schemas import validation_error

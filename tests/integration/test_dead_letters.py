@@ -21,16 +21,15 @@ from consumers.message import Message
 from consumers.outcome import DeadLetter as DeadLetterOutcome
 from consumers.outcome import DeadLetterCause
 from consumers.republish import dead_letter_message
-from gateway.dead_letters import (
+from gateway.dead_letter_records import (
     REPLAYS,
     DeadLetter,
-    list_dead_letters,
     matches,
     read_dead_letter,
-    replay,
     replay_envelope,
     replay_priority,
 )
+from gateway.dead_letters import list_dead_letters, replay
 from gateway.ops_cli import app
 from gateway.publishing import ChannelSet, Publisher, confirm_channel_factory
 from tests.integration.conftest import queue_depths

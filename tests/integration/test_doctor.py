@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 from gateway.ops_cli import app
 from tests.broker import TestBroker
 from tests.integration.test_dead_letters import write_topology
+from topology.broker_report import BrokerReport
 from topology.declare import apply_topology, parse_version
-from topology.doctor import BrokerReport, check_broker
+from topology.doctor import check_broker
 from topology.management import vhost_of
 from topology.model import Topology
 

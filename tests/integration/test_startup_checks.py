@@ -10,7 +10,7 @@ from consumers.settings import WorkerSettings
 from consumers.worker import Worker
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from topology.doctor import BrokerCheckError
+from topology.broker_report import BrokerCheckError
 from topology.model import Topology
 
 pytestmark = pytest.mark.integration

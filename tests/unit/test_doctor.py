@@ -7,22 +7,13 @@ from typing import Any
 
 import pytest
 
-from topology.doctor import (
-    BandOrdering,
-    BrokerCheckError,
-    BrokerReport,
-    Finding,
-    Policy,
-    band_ordering,
-    effective_policy,
-    exchange_conflicts,
-    log_report,
-    policy_findings,
-    queue_conflicts,
-)
+from topology.broker_report import BandOrdering, BrokerCheckError, BrokerReport, Finding
+from topology.conflicts import exchange_conflicts, queue_conflicts
+from topology.doctor import band_ordering, log_report
 from topology.loader import parse_topology
 from topology.model import Band, Topology
 from topology.objects import plan
+from topology.policy_checks import Policy, effective_policy, policy_findings
 
 
 @pytest.fixture
