@@ -185,6 +185,9 @@ def parse_publish(data: Any, spec: QueueSpec, topology: Topology, prefix: str = 
 def _deliver_at(
     request: PublishRequest, enqueued_at: datetime, topology: Topology, prefix: str
 ) -> datetime | None:
+    if request.delay_seconds is None and request.deliver_at is None:
+        return None  # the common case; the ladder's maximum costs a little to compute
+
     def field(name: str) -> str:
         return f"{prefix}.{name}" if prefix else name
 

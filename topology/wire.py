@@ -6,7 +6,7 @@ consumers read them back here, so a header name is spelled once.
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -14,10 +14,12 @@ from typing import Any
 
 import aio_pika
 import orjson
+from aiormq import spec
 
 HeaderValue = str | int | float | bool
 
 CONTENT_TYPE = "application/json"
+PERSISTENT = 2  # AMQP delivery mode: the broker keeps the message on disk
 HEADER_PREFIX = "x-bandgate-"
 ENQUEUED_AT = "x-bandgate-enqueued-at"  # milliseconds since the epoch, UTC
 DELIVER_AT = "x-bandgate-deliver-at"  # milliseconds since the epoch, UTC
@@ -64,7 +66,13 @@ def now() -> datetime:
 
 
 def new_message_id() -> str:
-    return str(uuid.uuid4())
+    """A random (version 4) UUID as text, like `str(uuid.uuid4())` at under half the cost:
+    the gateway makes one per message, and `UUID.__str__` dominated that."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40  # version 4
+    raw[8] = raw[8] & 0x3F | 0x80  # RFC 4122 variant
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def to_millis(moment: datetime) -> int:
@@ -105,8 +113,13 @@ class Envelope:
         return max(0.0, (self.deliver_at - (at or now())).total_seconds() * 1000)
 
 
-def encode(envelope: Envelope, body: bytes | None = None) -> aio_pika.Message:
-    """A persistent AMQP message carrying the envelope; `body` saves re-serialising."""
+def encode_properties(envelope: Envelope) -> spec.Basic.Properties:
+    """The AMQP properties of a persistent message carrying the envelope (whose body is
+    `envelope.body()`).
+
+    The publisher sends these with the body straight to the channel: going through an
+    `aio_pika.Message` builds the same properties again for every message.
+    """
     headers: dict[str, Any] = dict(envelope.headers)
     headers.update(envelope.extra_headers)
     headers[ENQUEUED_AT] = to_millis(envelope.enqueued_at)
@@ -119,14 +132,30 @@ def encode(envelope: Envelope, body: bytes | None = None) -> aio_pika.Message:
     headers[SHARD_KEY] = envelope.shard_key
     for name in (*BROKER_DEATH_HEADERS, DELIVERY_COUNT):
         headers.pop(name, None)
-    return aio_pika.Message(
-        body=envelope.body() if body is None else body,
+    return spec.Basic.Properties(
         content_type=CONTENT_TYPE,
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        delivery_mode=PERSISTENT,
         priority=envelope.priority,
         message_id=envelope.message_id,
         timestamp=envelope.enqueued_at,
         headers=headers,
+    )
+
+
+def encode(envelope: Envelope, body: bytes | None = None) -> aio_pika.Message:
+    """A persistent AMQP message carrying the envelope; `body` saves re-serialising.
+
+    Built from `encode_properties`, so the format is written down once.
+    """
+    properties = encode_properties(envelope)
+    return aio_pika.Message(
+        body=envelope.body() if body is None else body,
+        content_type=properties.content_type,
+        delivery_mode=properties.delivery_mode,
+        priority=properties.priority,
+        message_id=properties.message_id,
+        timestamp=properties.timestamp,
+        headers=properties.headers,
     )
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import aio_pika
@@ -122,3 +123,30 @@ def test_every_message_carries_the_shard_key_its_band_hashes_on() -> None:
     )
     assert copied.headers[wire.SHARD_KEY] == "c-8"
     assert wire.SHARD_KEY not in wire.user_headers(copied.headers)
+
+
+def test_encode_and_encode_properties_agree() -> None:
+    """The publisher sends `encode_properties` as is; `encode` must make the same message."""
+    envelope = Envelope(
+        queue="orders",
+        payload={"n": 1},
+        priority=7,
+        enqueued_at=ENQUEUED,
+        deliver_at=ENQUEUED + timedelta(seconds=5),
+        headers={"tenant": "acme"},
+        partition_key="p",
+    )
+    properties = wire.encode_properties(envelope)
+    assert wire.encode(envelope).properties == properties
+    assert properties.delivery_mode == 2  # persistent
+    assert properties.content_type == wire.CONTENT_TYPE
+
+
+def test_new_message_ids_are_random_uuid4_text() -> None:
+    ids = {wire.new_message_id() for _ in range(1000)}
+    assert len(ids) == 1000
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text
+        assert parsed.version == 4
+        assert parsed.variant == uuid.RFC_4122

@@ -1,0 +1,134 @@
+"""How the Publisher reports what the broker did not confirm, for single publishes and for
+batches (which take their own path: one channel and one deadline per batch). Nothing the
+broker did not ack may come back as `Published`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+
+from gateway.publishing import (
+    BrokerRejected,
+    ChannelSet,
+    ConfirmTimeout,
+    Published,
+    Publisher,
+    Unroutable,
+    confirm_channel_factory,
+)
+from topology import naming, wire
+from topology.declare import apply_topology
+from topology.loader import parse_topology
+from topology.model import Topology
+from topology.wire import Envelope
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def connection(amqp_url: str) -> AsyncIterator[AbstractRobustConnection]:
+    connection = await aio_pika.connect_robust(amqp_url)
+    async with connection:
+        yield connection
+
+
+def publisher(
+    connection: AbstractRobustConnection, topology: Topology, confirm_timeout: float = 5.0
+) -> Publisher:
+    channels = ChannelSet(confirm_channel_factory(connection), size=2)
+    return Publisher(topology, channels, confirm_timeout)
+
+
+def envelopes(n: int, priority: int = 8) -> list[Envelope]:
+    return [Envelope(queue="orders", payload=i, priority=priority) for i in range(n)]
+
+
+async def test_a_batch_is_published_in_order_with_the_wire_format(
+    connection: AbstractRobustConnection, topology: Topology
+) -> None:
+    await apply_topology(connection, topology)
+    sent = envelopes(3) + [Envelope(queue="orders", payload="c", priority=1, headers={"k": "v"})]
+    results = await publisher(connection, topology).publish_many(sent)
+    assert [r.message_id for r in results if isinstance(r, Published)] == [
+        e.message_id for e in sent
+    ]
+    assert [r.band for r in results if isinstance(r, Published)] == ["hot"] * 3 + ["cold"]
+    channel = await connection.channel()
+    cold = await channel.get_queue(naming.band_queue("orders", "cold"))
+    message = await cold.get(no_ack=True)
+    assert message.message_id == sent[3].message_id
+    assert message.priority == 1
+    assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+    assert message.content_type == wire.CONTENT_TYPE
+    assert message.headers["k"] == "v"
+    assert message.headers[wire.QUEUE] == "orders"
+    assert wire.decode_body(message.body) == "c"
+
+
+async def test_unroutable_is_reported_for_single_and_batch(
+    connection: AbstractRobustConnection, topology: Topology
+) -> None:
+    await apply_topology(connection, topology)
+    channel = await connection.channel()
+    await channel.exchange_delete(topology.exchange)  # the bands stay, their bindings go
+    await channel.declare_exchange(topology.exchange, aio_pika.ExchangeType.TOPIC, durable=True)
+    pub = publisher(connection, topology)
+    with pytest.raises(Unroutable, match="no binding"):
+        await pub.publish(envelopes(1)[0])
+    results = await pub.publish_many(envelopes(3))
+    assert all(isinstance(r, Unroutable) for r in results)
+
+
+async def test_a_missing_exchange_is_unroutable_and_the_publisher_recovers(
+    connection: AbstractRobustConnection, topology: Topology
+) -> None:
+    pub = publisher(connection, topology)
+    with pytest.raises(Unroutable, match="does not exist"):
+        await pub.publish(envelopes(1)[0])
+    results = await pub.publish_many(envelopes(3))
+    assert all(isinstance(r, Unroutable) for r in results)
+    await apply_topology(connection, topology)
+    # The broker closed those channels; later publishes get working ones.
+    for _ in range(3):
+        assert isinstance(await pub.publish(envelopes(1)[0]), Published)
+    assert all(isinstance(r, Published) for r in await pub.publish_many(envelopes(3)))
+
+
+async def test_a_nack_in_a_batch_fails_only_that_message(
+    connection: AbstractRobustConnection,
+) -> None:
+    small = parse_topology(
+        {
+            "delay": {"levels": 4},
+            "queues": {
+                "orders": {
+                    "bands": [
+                        # classic: its reject-publish applies exactly, even to a pipelined batch
+                        {"name": "hot", "priorities": [7, 9], "max_length": 3, "type": "classic"},
+                        {"name": "cold", "priorities": [0, 6]},
+                    ]
+                }
+            },
+        }
+    )
+    await apply_topology(connection, small)
+    pub = publisher(connection, small)
+    results = await pub.publish_many(envelopes(6) + envelopes(2, priority=1))
+    hot, cold = results[:6], results[6:]
+    assert all(isinstance(r, Published) for r in hot[:3])
+    assert all(isinstance(r, BrokerRejected) for r in hot[3:])
+    assert all(isinstance(r, Published) for r in cold)
+
+
+async def test_no_confirm_within_the_timeout_is_a_confirm_timeout(
+    connection: AbstractRobustConnection, topology: Topology
+) -> None:
+    await apply_topology(connection, topology)
+    pub = publisher(connection, topology, confirm_timeout=1e-9)
+    with pytest.raises(ConfirmTimeout):
+        await pub.publish(envelopes(1)[0])
+    results = await pub.publish_many(envelopes(3))
+    assert all(isinstance(r, ConfirmTimeout) for r in results)
