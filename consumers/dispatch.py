@@ -27,10 +27,10 @@ handler duration, `R` = refill latency from ack to next delivery):
   at hand, enough while `d > R * C / (P - C)` (`d > R` at `P = 2C`).
 - the coldest band: `P = max(2, C // 4)`. Background work never holds more than that many slots,
   so hotter work finds a free slot at once even under a huge cold backlog (a prototype of this
-  shape measured hot p99 of 4.5-8 ms under 50 000 cold messages). So that cold work still uses
-  the slots hotter work leaves unused, the coldest band's prefetch grows with them, up to `2C`
-  with no hotter work about (`consumers.boost`, every `cold_boost_seconds`; hotter work that
-  grows faster may wait for a slot, at most one handler run). Override per band with
+  shape measured hot p99 of 4.5-8 ms under 50 000 cold messages). So that a cold-only load
+  still uses every slot, the coldest band gets `2C` once no hotter message has arrived for
+  `cold_boost_seconds` (0.5 s), and `max(2, C // 4)` again at the next one (`consumers.boost`;
+  while boosted, the first hotter message waits for a slot to free). Override per band with
   `prefetch={"cold": n}`, which also turns the boost off.
 - refill wait `H` (`WorkerSettings.refill_wait_seconds`, 0.1 s): a band that had a backlog at
   hand and runs dry keeps its claim on free slots for up to `H`, because its refill is most

@@ -140,15 +140,6 @@ class ConsumerRunner:
         self._boost_after = boost_after
         self.boost: ColdBoost | None = None
         self._boost_task: asyncio.Task[None] | None = None
-        if self._may_boost():  # before consuming: it counts hotter messages from the first
-            coldest = self.subscriptions[-1][0]
-            self.boost = ColdBoost(
-                coldest,
-                self._on_delivery(coldest),
-                concurrency=self.concurrency,
-                full=self.prefetch[0],
-                idle_after=boost_after,
-            )
         self._probe_channel: AbstractChannel | None = None
         self._background: set[asyncio.Task[None]] = set()  # probes, handovers, sharing
         self._workers: WorkersQueue | None = None
@@ -183,7 +174,14 @@ class ConsumerRunner:
                 await self._prime(index, expected)
         if self.spec.shares_shards:
             await self._join_workers()
-        if self.boost is not None:
+        if self._may_boost():
+            coldest = self.subscriptions[-1][0]
+            self.boost = ColdBoost(
+                coldest,
+                self._on_delivery(coldest),
+                full=self.prefetch[0],
+                idle_after=self._boost_after,
+            )
             self._boost_task = asyncio.create_task(self.boost.run())
         log.info(
             "consuming %s with %s (concurrency %d, policy %s, prefetch %s%s)",
@@ -314,7 +312,6 @@ class ConsumerRunner:
             if channel_gone(delivery.incoming):
                 # The connection dropped since it arrived; it is back in its band already.
                 self.dispatcher.done(index, delivery)
-                self._hotter_done(index)
                 continue
             delivery.subscription.started()
             task = asyncio.create_task(self._process(delivery))
@@ -337,11 +334,6 @@ class ConsumerRunner:
         finally:
             delivery.subscription.finished()
             self.dispatcher.done(delivery.band, delivery)
-            self._hotter_done(delivery.band)
-
-    def _hotter_done(self, band: int) -> None:
-        if self.boost is not None and band < len(self.subscriptions) - 1:
-            self.boost.hotter_done()
 
     async def _give_back(self, delivery: Delivery) -> None:
         """Return a message to its queue without changing its place in the queue's order."""

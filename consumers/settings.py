@@ -40,8 +40,8 @@ class WorkerSettings(BrokerSettings):
     cold_boost_seconds: float = Field(
         default=0.5,
         ge=0,
-        description="the coldest band's prefetch follows the slots hotter work leaves unused, "
-        "checked this often; 2C after this long without hotter work; 0 never (consumers.boost)",
+        description="once no hotter message arrived for this long, the coldest band may fill "
+        "every slot (prefetch 2C instead of C/4) until one does; 0 never (consumers.boost)",
     )
     share_shards_seconds: float = Field(
         default=1.0,
