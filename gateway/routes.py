@@ -131,9 +131,21 @@ async def publish_batch(request: Request) -> Response:
     topology = topology_of(request)
     failed: list[dict[str, Any]] = []
     envelopes: list[tuple[int, Envelope]] = []
+    seen: set[str] = set()
     for index, item in enumerate(batch.messages):
         try:
-            envelopes.append((index, parse_publish(item, spec, topology, f"messages.{index}")))
+            envelope = parse_publish(item, spec, topology, f"messages.{index}")
+            if envelope.message_id in seen:
+                # The broker's returns are matched to publishes by message id: two in flight
+                # at once could be confused (and a batch with one id twice is a client bug).
+                raise ApiError(
+                    422,
+                    "duplicate_message_id",
+                    f"message_id {envelope.message_id!r} is used earlier in this batch",
+                    f"messages.{index}.message_id",
+                )
+            seen.add(envelope.message_id)
+            envelopes.append((index, envelope))
         except ApiError as error:
             failed.append({"index": index, "error": error.body()})
     link = _link(request)

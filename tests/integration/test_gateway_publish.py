@@ -104,6 +104,30 @@ async def test_batch_reports_each_message(
     assert sum(depths.values()) == 2
 
 
+async def test_a_batch_naming_one_message_id_twice_fails_the_later_ones(
+    client: httpx.AsyncClient, amqp: AbstractRobustConnection, topology: Topology
+) -> None:
+    response = await client.post(
+        "/v1/queues/orders/messages/batch",
+        json={
+            "messages": [
+                {"payload": 1, "priority": 9, "message_id": "order-1"},
+                {"payload": 2, "priority": 9, "message_id": "order-1"},
+                {"payload": 3, "priority": 9, "message_id": "order-2"},
+                {"payload": 4, "priority": 9},
+            ]
+        },
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert [item["index"] for item in body["successful"]] == [0, 2, 3]
+    (failure,) = body["failed"]
+    assert failure["index"] == 1
+    assert failure["error"]["code"] == "duplicate_message_id"
+    assert failure["error"]["field"] == "messages.1.message_id"
+    assert (await queue_depths(amqp, topology))["orders.hot"] == 3
+
+
 async def test_delayed_message_waits_then_lands_in_its_band(
     client: httpx.AsyncClient, amqp: AbstractRobustConnection, topology: Topology
 ) -> None:
