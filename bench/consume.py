@@ -23,14 +23,12 @@ import time
 from dataclasses import replace
 from typing import Any
 
-import aio_pika
-
 from bench.environment import BenchBroker, wait_for_quiet
 from bench.raw_amqp import fill
+from bench.stage import reset_bands
 from bench.worker_process import WorkerConfig, WorkerProcess
 from consumers.dispatch import default_prefetch
 from topology import naming, wire
-from topology.declare import apply_topology, broker_version
 from topology.loader import load_topology
 
 MESSAGES = 20_000
@@ -38,20 +36,6 @@ WARMUP = 1_000
 CONCURRENCY = 16
 PAYLOAD = {"data": "x" * 1000}  # about 1 KiB on the wire
 QUEUE = "orders"
-
-
-async def _prepare(broker: BenchBroker) -> list[str]:
-    """Apply the topology and empty the bands; the band queue names, hottest first."""
-    topology = load_topology()
-    connection = await aio_pika.connect(broker.amqp_url)
-    async with connection:
-        await apply_topology(connection, topology)
-        broker.version = broker_version(connection)
-        channel = await connection.channel()
-        names = [naming.band_queue(QUEUE, band.name) for band in topology.queue(QUEUE).bands]
-        for name in names:
-            await (await channel.get_queue(name)).purge()
-    return names
 
 
 def _fill(broker: BenchBroker, priorities: list[int]) -> None:
@@ -85,7 +69,7 @@ def _drain(broker: BenchBroker, name: str, config: WorkerConfig) -> dict[str, An
 
 
 def run_consume(broker: BenchBroker) -> list[dict[str, Any]]:
-    bands = asyncio.run(_prepare(broker))
+    bands = asyncio.run(reset_bands(broker))
     prefetch = default_prefetch("strict", CONCURRENCY, len(bands))
     raw = WorkerConfig(
         kind="plain",

@@ -22,10 +22,10 @@ import orjson
 
 from bench.environment import BenchBroker, cpu_seconds
 from bench.paced_publisher import PacedConfig, PacedPublisher
+from bench.stage import reset_bands
 from bench.worker_process import WorkerConfig, WorkerProcess
 from gateway.publishing import ChannelSet, Publisher, confirm_channel_factory
 from topology import naming, wire
-from topology.declare import apply_topology
 from topology.loader import load_topology
 from topology.wire import Envelope
 
@@ -33,18 +33,6 @@ DELAYED = 300
 SPREAD_SECONDS = (1.0, 30.0)
 LOAD_RATE = 1000
 QUEUE = "orders"
-
-
-async def _prepare(url: str) -> str:
-    """Apply the topology and empty the bands; the broker's version."""
-    topology = load_topology()
-    connection = await aio_pika.connect(url)
-    async with connection:
-        report = await apply_topology(connection, topology)
-        channel = await connection.channel()
-        for band in topology.queue(QUEUE).bands:
-            await (await channel.get_queue(naming.band_queue(QUEUE, band.name))).purge()
-    return report.broker_version
 
 
 async def _measure(url: str) -> list[float]:
@@ -127,7 +115,7 @@ def _under_load(broker: BenchBroker) -> dict[str, Any]:
 
 def run_delay(broker: BenchBroker) -> list[dict[str, Any]]:
     """Idle first, then under load."""
-    broker.version = asyncio.run(_prepare(broker.amqp_url))
+    asyncio.run(reset_bands(broker))
     idle_cpu0, started = cpu_seconds(broker.pid), time.time()
     idle = asyncio.run(_measure(broker.amqp_url))
     broker_cores = (cpu_seconds(broker.pid) - idle_cpu0) / (time.time() - started)

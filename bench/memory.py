@@ -13,12 +13,7 @@ the backlog: prefetch bounds what it holds.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import aio_pika
@@ -27,8 +22,8 @@ import orjson
 from bench.environment import BenchBroker, rss_kib
 from bench.http_client import RawHttp
 from bench.raw_amqp import fill
+from bench.stage import gateway_process
 from bench.worker_process import WorkerConfig, WorkerProcess
-from gateway.local_broker import free_port
 from topology import naming, wire
 from topology.declare import apply_topology, broker_version
 from topology.loader import load_topology
@@ -71,26 +66,6 @@ def _grow(broker: BenchBroker, count: int) -> None:
         share = count // len(PRIORITIES) + (index < count % len(PRIORITIES))
         message = wire.encode(wire.Envelope(queue=QUEUE, payload=PAYLOAD, priority=priority))
         fill(broker.amqp_url, exchange, naming.routing_key(QUEUE, priority), message, share)
-
-
-@contextmanager
-def _gateway(broker: BenchBroker) -> Iterator[tuple[int, int]]:
-    """A gateway process (as the publish benchmark runs it); its port and pid."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "BANDGATE_AMQP_URL": broker.amqp_url,
-        "BANDGATE_DECLARE_TOPOLOGY": "false",
-        "BANDGATE_AUTH_ENABLED": "false",
-    }
-    command = [sys.executable, "-m", "uvicorn", "gateway.app:create_app", "--factory"]
-    command += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
-    process = subprocess.Popen(command, env=env)
-    try:
-        yield port, process.pid
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 async def _post_traffic(port: int) -> None:
@@ -136,7 +111,7 @@ def run_memory(broker: BenchBroker) -> list[dict[str, Any]]:
     config = WorkerConfig(
         kind="bandgate", amqp_url=broker.amqp_url, concurrency=CONCURRENCY, handler_ms=HANDLER_MS
     )
-    with WorkerProcess(config) as worker, _gateway(broker) as (port, gateway_pid):
+    with WorkerProcess(config) as worker, gateway_process(broker) as (port, gateway_pid):
         pids = {"worker": worker.pid, "gateway": gateway_pid}
         small = _phase(broker, port, pids)
         _grow(broker, LARGE - small["backlog"])

@@ -44,9 +44,9 @@ from pamqp.common import Arguments
 from bench.environment import BenchBroker, cpu_seconds, machine_busy_seconds, wait_for_quiet
 from bench.paced_publisher import PacedConfig, PacedPublisher
 from bench.raw_amqp import fill
+from bench.stage import reset_bands
 from bench.worker_process import WorkerConfig, WorkerProcess
 from topology import naming, wire
-from topology.declare import apply_topology, broker_version
 from topology.loader import load_topology
 
 BACKLOG = 50_000
@@ -131,15 +131,10 @@ def contenders(url: str, exchange: str, bands: list[str]) -> list[Contender]:
 
 async def _declare(broker: BenchBroker) -> list[str]:
     """Apply the topology, declare the single-queue contenders; the band queues, hottest first."""
-    topology = load_topology()
+    bands = await reset_bands(broker)
     connection = await aio_pika.connect(broker.amqp_url)
     async with connection:
-        await apply_topology(connection, topology)
-        broker.version = broker_version(connection)
         channel = await connection.channel()
-        bands = [naming.band_queue(QUEUE, band.name) for band in topology.queue(QUEUE).bands]
-        for name in bands:
-            await (await channel.get_queue(name)).purge()
         queues: dict[str, Arguments] = {
             CLASSIC: {"x-max-priority": 9},
             FIFO: {"x-queue-type": "quorum"},

@@ -15,7 +15,6 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -27,7 +26,7 @@ import orjson
 
 from bench.environment import BenchBroker, cpu_seconds
 from bench.http_client import RawHttp
-from gateway.local_broker import free_port
+from bench.stage import gateway_process
 from topology import naming
 from topology.declare import apply_topology, broker_version
 from topology.loader import load_topology
@@ -127,21 +126,8 @@ async def _purge(url: str, topology_queues: list[str]) -> None:
 
 def run_publish(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
     rows = asyncio.run(_raw(broker, messages))
-    port = free_port()
-    env = {
-        **os.environ,
-        "BANDGATE_AMQP_URL": broker.amqp_url,
-        "BANDGATE_DECLARE_TOPOLOGY": "false",
-        "BANDGATE_AUTH_ENABLED": "false",
-    }
-    command = [sys.executable, "-m", "uvicorn", "gateway.app:create_app", "--factory"]
-    command += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
-    gateway = subprocess.Popen(command, env=env)
-    try:
-        rows += asyncio.run(_through_gateway(broker, messages, port, gateway.pid, rows[0]["rate"]))
-    finally:
-        gateway.terminate()
-        gateway.wait(10)
+    with gateway_process(broker) as (port, pid):
+        rows += asyncio.run(_through_gateway(broker, messages, port, pid, rows[0]["rate"]))
     return rows
 
 

@@ -1,0 +1,54 @@
+"""What several benchmarks set up the same way: the `orders` bands, emptied; a gateway process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import aio_pika
+
+from bench.environment import BenchBroker
+from gateway.local_broker import free_port
+from topology import naming
+from topology.declare import apply_topology, broker_version
+from topology.loader import load_topology
+
+QUEUE = "orders"
+
+
+async def reset_bands(broker: BenchBroker) -> list[str]:
+    """Apply the topology, note the broker's version, empty the bands; their queue names,
+    hottest first."""
+    topology = load_topology()
+    connection = await aio_pika.connect(broker.amqp_url)
+    async with connection:
+        await apply_topology(connection, topology)
+        broker.version = broker_version(connection)
+        channel = await connection.channel()
+        names = [naming.band_queue(QUEUE, band.name) for band in topology.queue(QUEUE).bands]
+        for name in names:
+            await (await channel.get_queue(name)).purge()
+    return names
+
+
+@contextmanager
+def gateway_process(broker: BenchBroker) -> Iterator[tuple[int, int]]:
+    """A gateway (uvicorn, one process, no access log, auth off) on a free port: port and pid."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "BANDGATE_AMQP_URL": broker.amqp_url,
+        "BANDGATE_DECLARE_TOPOLOGY": "false",
+        "BANDGATE_AUTH_ENABLED": "false",
+    }
+    command = [sys.executable, "-m", "uvicorn", "gateway.app:create_app", "--factory"]
+    command += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
+    process = subprocess.Popen(command, env=env)
+    try:
+        yield port, process.pid
+    finally:
+        process.terminate()
+        process.wait(10)
