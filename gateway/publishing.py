@@ -9,20 +9,24 @@ nothing in between is ever reported as enqueued.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 import aio_pika
 import aiormq
-from aio_pika.abc import AbstractChannel
 from opentelemetry import trace
 
+from gateway.confirm_pipeline import (  # ChannelSet and the factory are part of this API
+    ChannelSet,
+    Confirmation,
+    ConfirmPipeline,
+    confirm_channel_factory,
+)
 from gateway.telemetry import Telemetry, inject_context
 from topology import naming, wire
 from topology.model import Topology
@@ -30,7 +34,17 @@ from topology.wire import Envelope
 
 log = logging.getLogger(__name__)
 
-ChannelFactory = Callable[[], Awaitable[AbstractChannel]]
+__all__ = [
+    "BrokerRejected",
+    "BrokerUnavailable",
+    "ChannelSet",
+    "ConfirmTimeout",
+    "Published",
+    "Publisher",
+    "PublishFailure",
+    "Unroutable",
+    "confirm_channel_factory",
+]
 
 
 class PublishFailure(Exception):
@@ -69,45 +83,6 @@ class Published:
     deliver_at: datetime | None
 
 
-class ChannelSet:
-    """A few confirm-mode channels shared round-robin.
-
-    One channel carries many publishes at once (confirms are matched by delivery tag), so
-    there is no exclusive checkout; a channel the broker closed is replaced on next use.
-    """
-
-    def __init__(self, factory: ChannelFactory, size: int = 4) -> None:
-        self._factory = factory
-        self._channels: list[AbstractChannel | None] = [None] * size
-        self._turn = itertools.cycle(range(size))
-        self._locks = [asyncio.Lock() for _ in range(size)]
-
-    async def get(self) -> AbstractChannel:
-        index = next(self._turn)
-        channel = self._channels[index]
-        if channel is not None and not channel.is_closed:
-            return channel
-        async with self._locks[index]:
-            channel = self._channels[index]
-            if channel is None or channel.is_closed:
-                channel = await self._factory()
-                self._channels[index] = channel
-            return channel
-
-    async def close(self) -> None:
-        for channel in self._channels:
-            if channel is not None and not channel.is_closed:
-                await channel.close()
-        self._channels = [None] * len(self._channels)
-
-
-def confirm_channel_factory(connection: aio_pika.abc.AbstractConnection) -> ChannelFactory:
-    async def open_channel() -> AbstractChannel:
-        return await connection.channel(publisher_confirms=True, on_return_raises=True)
-
-    return open_channel
-
-
 class Publisher:
     """Publishes with publisher confirms straight on the channels' aiormq channels.
 
@@ -139,19 +114,19 @@ class Publisher:
             inject_context(_headers(properties))
             started = time.perf_counter()
             deadline = self._deadline()
-            channel = await self._channel(deadline)
-            body = envelope.body()
-            confirmed = await self._confirm(channel, exchange, key, body, properties, deadline)
+            pipeline = await self._pipeline(deadline)
+            confirmation = pipeline.publish(exchange, key, envelope.body(), properties)
+            await self._settle(confirmation, exchange, key, deadline)
         if self.telemetry is not None:
             self.telemetry.published.labels(envelope.queue, band).inc()
             self.telemetry.publish_duration.labels(envelope.queue, band).observe(
-                confirmed - started
+                time.perf_counter() - started
             )
         return _published(envelope, band)
 
     async def publish_many(self, envelopes: Sequence[Envelope]) -> list[Published | PublishFailure]:
         """Publish all at once on one channel (confirms pipelined); one result or failure per
-        envelope, in order."""
+        envelope, in order. Each message's publish duration is the batch's."""
         if not envelopes:
             return []
         if self.telemetry is not None and self.telemetry.tracing:
@@ -161,41 +136,51 @@ class Publisher:
         started = time.perf_counter()
         deadline = self._deadline()
         try:
-            channel = await self._channel(deadline)
+            pipeline = await self._pipeline(deadline)
         except PublishFailure as failure:
             return [failure] * len(envelopes)
         trace_headers: dict[str, Any] = {}
         inject_context(trace_headers)
         routes = [self._route(envelope) for envelope in envelopes]
-        sends = []
+        confirmations = []
         for envelope, (exchange, key, _) in zip(envelopes, routes, strict=True):
             properties = wire.encode_properties(envelope)
             _headers(properties).update(trace_headers)
-            body = envelope.body()
-            sends.append(self._confirm(channel, exchange, key, body, properties, deadline))
-        results = await asyncio.gather(*sends, return_exceptions=True)
+            confirmations.append(pipeline.publish(exchange, key, envelope.body(), properties))
+        _, late = await asyncio.wait(confirmations, timeout=deadline - self._now())
+        for confirmation in late:
+            confirmation.cancel()
+        seconds = time.perf_counter() - started
         out: list[Published | PublishFailure] = []
-        durations: dict[tuple[str, str], list[float]] = {}
-        for envelope, (_, _, band), result in zip(envelopes, routes, results, strict=True):
-            if isinstance(result, float):
-                out.append(_published(envelope, band))
-                durations.setdefault((envelope.queue, band), []).append(result - started)
-            else:
-                out.append(_outcome(result))
+        counts: dict[tuple[str, str], int] = {}
+        for envelope, (exchange, key, band), confirmation in zip(
+            envelopes, routes, confirmations, strict=True
+        ):
+            try:
+                _confirmed(confirmation, exchange, key)
+            except Exception as exc:
+                out.append(self._failure(exc, exchange, key))
+                continue
+            out.append(_published(envelope, band))
+            counts[envelope.queue, band] = counts.get((envelope.queue, band), 0) + 1
         if self.telemetry is not None:
-            for (queue, band), seconds in durations.items():
-                self.telemetry.published.labels(queue, band).inc(len(seconds))
+            for (queue, band), count in counts.items():
+                self.telemetry.published.labels(queue, band).inc(count)
                 histogram = self.telemetry.publish_duration.labels(queue, band)
-                for value in seconds:
-                    histogram.observe(value)
+                for _ in range(count):
+                    histogram.observe(seconds)
         return out
 
     async def dead_letter(self, message: aio_pika.Message, queue: str) -> None:
         """Publish `message` to the dead-letter queue of `queue`, confirmed."""
         exchange = naming.dead_letter_exchange(self.topology.exchange)
         deadline = self._deadline()
-        channel = await self._channel(deadline)
-        await self._confirm(channel, exchange, queue, message.body, message.properties, deadline)
+        pipeline = await self._pipeline(deadline)
+        properties = message.properties
+        if not properties.message_id:
+            properties.message_id = wire.new_message_id()  # returns are matched by it
+        confirmation = pipeline.publish(exchange, queue, message.body, properties)
+        await self._settle(confirmation, exchange, queue, deadline)
 
     def _route(self, envelope: Envelope) -> tuple[str, str, str]:
         """(exchange, routing key, band name): the band now, or the delay ladder."""
@@ -228,51 +213,35 @@ class Publisher:
         )
 
     def _deadline(self) -> float:
-        return asyncio.get_running_loop().time() + self.confirm_timeout
+        return self._now() + self.confirm_timeout
 
-    async def _channel(self, deadline: float) -> aiormq.Channel:
-        """An open confirm channel. The publish deadline covers this too: on a half-open or
-        reconnecting connection it waits, and must not stall a publish past the timeout."""
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
+    async def _pipeline(self, deadline: float) -> ConfirmPipeline:
+        """An open confirm channel's pipeline. The publish deadline covers this too: on a
+        half-open or reconnecting connection it waits, and must not stall a publish past
+        the timeout."""
+        pipeline = self.channels.ready()
+        if pipeline is not None:
+            return pipeline
         try:
             async with asyncio.timeout_at(deadline):
-                channel = await self.channels.get()
-                # aio_pika types it abstract; `_confirm` needs `basic_publish(wait=...)`.
-                return cast(aiormq.Channel, await channel.get_underlay_channel())
+                return await self.channels.get()
         except Exception as exc:
             raise self._failure(exc, "", "") from None
 
-    async def _confirm(
-        self,
-        channel: aiormq.Channel,
-        exchange: str,
-        routing_key: str,
-        body: bytes,
-        properties: aiormq.spec.Basic.Properties,
-        deadline: float,
-    ) -> float:
-        """Publish mandatory and wait for the broker's ack (a return or nack raises); returns
-        when the ack came (`time.perf_counter()`).
-
-        `wait=False` skips waiting for the frame to reach the socket: the confirm comes after
-        that anyway, and the connection's write queue is bounded.
-        """
+    async def _settle(
+        self, confirmation: Confirmation, exchange: str, routing_key: str, deadline: float
+    ) -> None:
+        """Wait for the broker's ack by the deadline; a return, nack or timeout raises."""
         try:
-            confirmation = await channel.basic_publish(
-                body,
-                exchange=exchange,
-                routing_key=routing_key,
-                properties=properties,
-                mandatory=True,
-                timeout=deadline - asyncio.get_running_loop().time(),
-                wait=False,
-            )
+            async with asyncio.timeout_at(deadline):
+                await confirmation
+            _confirmed(confirmation, exchange, routing_key)
         except Exception as exc:
             raise self._failure(exc, exchange, routing_key) from None
-        if not isinstance(confirmation, aiormq.spec.Basic.Ack):
-            # A returned message or no confirm at all (a channel opened without confirms
-            # or on_return_raises): never report that as enqueued.
-            raise _unroutable(exchange, routing_key)
-        return time.perf_counter()
 
     def _failure(self, exc: Exception, exchange: str, routing_key: str) -> PublishFailure:
         """The PublishFailure for what a publish raised; anything else is re-raised."""
@@ -293,10 +262,25 @@ class Publisher:
             return Unroutable(
                 f"exchange {exchange!r} does not exist: run `bandgate topology apply`"
             )
-        if isinstance(exc, aiormq.exceptions.AMQPError | ConnectionError | RuntimeError):
+        if type(exc) is Exception or isinstance(
+            exc, aiormq.exceptions.AMQPError | ConnectionError | RuntimeError
+        ):
+            # A bare Exception is what aiormq sets on pending confirms when a channel closes
+            # without a reason.
             log.warning("publish failed: %r", exc)
             return BrokerUnavailable(f"the broker is unavailable: {exc}")
         raise exc
+
+
+def _confirmed(confirmation: Confirmation, exchange: str, routing_key: str) -> None:
+    """Raise unless the broker acked: a cancelled (timed out) publish raises TimeoutError."""
+    if confirmation.cancelled():
+        raise TimeoutError
+    frame = confirmation.result()
+    if not isinstance(frame, aiormq.spec.Basic.Ack):
+        # Anything but an ack (no confirm at all, a channel without confirms): never report
+        # that as enqueued.
+        raise _unroutable(exchange, routing_key)
 
 
 def _unroutable(exchange: str, routing_key: str) -> Unroutable:

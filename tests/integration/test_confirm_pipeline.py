@@ -1,0 +1,145 @@
+"""The confirm pipeline numbers publishes itself (delivery tags are implicit on the wire), so
+these check that every future gets its own message's answer from a real broker: acks, returns
+and nacks mixed in one write, withdrawn messages, a plain aiormq publish on the same channel,
+and a channel the broker closes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aio_pika
+import aiormq
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+
+from gateway.confirm_pipeline import ChannelSet, ConfirmPipeline, confirm_channel_factory
+from topology import naming, wire
+from topology.declare import apply_topology
+from topology.model import Topology
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def connection(amqp_url: str) -> AsyncIterator[AbstractRobustConnection]:
+    connection = await aio_pika.connect_robust(amqp_url)
+    async with connection:
+        yield connection
+
+
+async def pipeline_on(connection: AbstractRobustConnection) -> ConfirmPipeline:
+    return await ChannelSet(confirm_channel_factory(connection), size=1).get()
+
+
+def properties(message_id: str | None = None) -> aiormq.spec.Basic.Properties:
+    return aiormq.spec.Basic.Properties(
+        message_id=message_id or wire.new_message_id(), delivery_mode=2, headers={}
+    )
+
+
+async def drain(connection: AbstractRobustConnection, queue: str) -> list[bytes]:
+    channel = await connection.channel()
+    box = await channel.get_queue(queue)
+    bodies = []
+    while (message := await box.get(no_ack=True, fail=False)) is not None:
+        bodies.append(message.body)
+    await channel.close()
+    return bodies
+
+
+async def test_acks_and_returns_mixed_in_one_write_reach_their_own_publishes(
+    connection: AbstractRobustConnection, topology: Topology
+) -> None:
+    await apply_topology(connection, topology)
+    pipeline = await pipeline_on(connection)
+    routable = naming.routing_key("orders", 8)
+    keys = [routable if i % 3 else "nowhere.8" for i in range(300)]
+    bodies = [str(i).encode() for i in range(300)]
+    # Published in one loop turn: one flush, one socket write.
+    confirmations = [
+        pipeline.publish(topology.exchange, key, body, properties())
+        for key, body in zip(keys, bodies, strict=True)
+    ]
+    outcomes = await asyncio.gather(*confirmations, return_exceptions=True)
+    for key, outcome in zip(keys, outcomes, strict=True):
+        if key == routable:
+            assert isinstance(outcome, aiormq.spec.Basic.Ack)
+        else:
+            assert isinstance(outcome, aiormq.exceptions.PublishError)
+    hot = await drain(connection, naming.band_queue("orders", "hot"))
+    assert hot == [b for k, b in zip(keys, bodies, strict=True) if k == routable]
+    assert pipeline.channel.message_id_delivery_tag == {}  # nothing left behind
+    assert pipeline.channel.confirmations == {}
+
+
+async def test_a_publish_cancelled_before_its_flush_is_never_sent(
+    connection: AbstractRobustConnection, topology: Topology
+) -> None:
+    await apply_topology(connection, topology)
+    pipeline = await pipeline_on(connection)
+    key = naming.routing_key("orders", 8)
+    kept = pipeline.publish(topology.exchange, key, b"kept", properties())
+    withdrawn = pipeline.publish(topology.exchange, key, b"withdrawn", properties())
+    withdrawn.cancel()
+    assert isinstance(await kept, aiormq.spec.Basic.Ack)
+    assert await drain(connection, naming.band_queue("orders", "hot")) == [b"kept"]
+
+
+async def test_plain_aiormq_publishes_on_the_same_channel_keep_their_tags(
+    connection: AbstractRobustConnection, topology: Topology
+) -> None:
+    await apply_topology(connection, topology)
+    pipeline = await pipeline_on(connection)
+    key = naming.routing_key("orders", 8)
+
+    async def plain(i: int) -> object:
+        return await pipeline.channel.basic_publish(
+            f"plain{i}".encode(),
+            exchange=topology.exchange,
+            routing_key=key if i % 2 else "nowhere.1",
+            properties=properties(),
+            mandatory=True,
+        )
+
+    piped = [
+        pipeline.publish(topology.exchange, "nowhere.2" if i % 2 else key, b"p", properties())
+        for i in range(50)
+    ]
+    plains = [asyncio.ensure_future(plain(i)) for i in range(50)]
+    piped += [pipeline.publish(topology.exchange, key, b"p", properties()) for _ in range(50)]
+    results = await asyncio.gather(*piped, *plains, return_exceptions=True)
+    expected_acks = 25 + 50 + 25
+    assert sum(isinstance(r, aiormq.spec.Basic.Ack) for r in results) == expected_acks
+    assert [isinstance(r, aiormq.spec.Basic.Ack) for r in results[:50]] == [
+        i % 2 == 0 for i in range(50)
+    ]
+    assert len(await drain(connection, naming.band_queue("orders", "hot"))) == expected_acks
+
+
+async def test_a_channel_the_broker_closes_fails_its_publishes_and_is_replaced(
+    connection: AbstractRobustConnection, topology: Topology
+) -> None:
+    await apply_topology(connection, topology)
+    channels = ChannelSet(confirm_channel_factory(connection), size=1)
+    pipeline = await channels.get()
+    doomed = [
+        pipeline.publish("no-such-exchange", "orders.8", b"x", properties()) for _ in range(5)
+    ]
+    outcomes = await asyncio.gather(*doomed, return_exceptions=True)
+    assert all(isinstance(o, aiormq.exceptions.ChannelNotFoundEntity) for o in outcomes)
+    assert channels.ready() is None
+    fresh = await channels.get()
+    assert fresh is not pipeline
+    key = naming.routing_key("orders", 8)
+    assert isinstance(
+        await fresh.publish(topology.exchange, key, b"ok", properties()), aiormq.spec.Basic.Ack
+    )
+
+
+async def test_a_message_id_is_required_to_match_returns(
+    connection: AbstractRobustConnection, topology: Topology
+) -> None:
+    pipeline = await pipeline_on(connection)
+    with pytest.raises(ValueError, match="message_id"):
+        pipeline.publish(topology.exchange, "orders.8", b"x", aiormq.spec.Basic.Properties())
