@@ -15,6 +15,7 @@ from gateway.auth import Authenticator, AuthMiddleware
 from gateway.broker import BrokerLink
 from gateway.dlq_routes import dlq_routes
 from gateway.errors import ApiError, api_error_handler, http_error_handler
+from gateway.heap import settle_heap
 from gateway.middleware import BodyLimitMiddleware
 from gateway.routes import routes
 from gateway.settings import GatewaySettings
@@ -53,6 +54,7 @@ def create_app(
         app.state.link = link
         app.state.telemetry = metrics
         await link.start(wait=connect_wait)
+        settle_heap()
         try:
             yield
         finally:
