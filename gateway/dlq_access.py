@@ -15,6 +15,7 @@ it started.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable
@@ -25,6 +26,8 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 GET_TIMEOUT_SECONDS = 10.0
+RETURN_CHECKS = 100
+RETURN_CHECK_INTERVAL = 0.02
 
 log = logging.getLogger(__name__)
 
@@ -130,12 +133,27 @@ async def holding(channel: AbstractChannel, dlq: str) -> AsyncIterator[Taker]:
     finally:
         if take.held and not channel.is_closed:
             try:
+                waiting = await depth(channel, dlq)
                 underlay = await channel.get_underlay_channel()
                 for tag in take.held:
                     await underlay.basic_nack(tag, multiple=False, requeue=True)
+                await _back_in_queue(channel, dlq, waiting + len(take.held))
             except Exception:  # the channel is gone: the broker returns them all by itself
                 log.debug("returning %d dead letters with their channel", len(take.held))
         take.held.clear()
+
+
+async def _back_in_queue(channel: AbstractChannel, dlq: str, expected: int) -> None:
+    """Wait (briefly) until the DLQ counts the returned messages again.
+
+    A quorum queue applies a return a moment after the nack is sent; without this, a listing
+    run right after another one could find part of the queue still out.
+    """
+    for _ in range(RETURN_CHECKS):
+        if await depth(channel, dlq) >= expected:
+            return
+        await asyncio.sleep(RETURN_CHECK_INTERVAL)
+    log.warning("returned dead letters of %s are not all counted in the queue yet", dlq)
 
 
 __all__ = [
