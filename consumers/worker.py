@@ -26,6 +26,7 @@ from consumers.runner import ConsumerRunner
 from consumers.settings import EventLoopName, WorkerSettings
 from consumers.settle import Settler
 from consumers.telemetry import ConsumerTelemetry
+from gateway.heap import settle_heap
 from gateway.publishing import ChannelSet, Publisher, confirm_channel_factory
 from gateway.telemetry import Telemetry
 from topology.declare import apply_topology
@@ -174,6 +175,7 @@ class Worker:
                 await _first_of(starting, self._stop)
                 if not self._stop.is_set():
                     loops = {asyncio.create_task(runner.run()) for runner in self.runners}
+                    settle_heap()
                     self.ready.set()
                     log.info("worker ready: %d consumer(s)", len(self.runners))
                     stopped = asyncio.create_task(self._stop.wait())

@@ -30,10 +30,14 @@ class FakeDelivery:
         self.headers: dict[str, Any] = {"tenant": "acme", "x-delivery-count": 1}
         self.content_type = "application/json"
         self.message_id = "m-1"
+        self.delivery_tag = 7
+        self.channel = self  # acks go to the channel: basic_ack(tag, wait=False)
 
-    async def ack(self) -> None:
+    async def basic_ack(self, delivery_tag: int, wait: bool = True) -> None:
         if self.channel_gone:
             raise ChannelInvalidStateError
+        assert delivery_tag == self.delivery_tag
+        assert not wait
         self.journal.append("ack")
 
     async def nack(self, requeue: bool = True) -> None:
