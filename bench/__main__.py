@@ -33,7 +33,7 @@ BENCHMARKS: dict[str, Runner] = {
 
 
 def table(title: str, rows: list[dict[str, Any]]) -> str:
-    columns = [key for key in rows[0] if key != "name"]
+    columns = list(dict.fromkeys(key for row in rows for key in row if key != "name"))
     width = max(len(row["name"]) for row in rows) + 2
     widths = [max(12, len(c) + 2) for c in columns]
     lines = [

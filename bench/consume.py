@@ -10,6 +10,9 @@ A backlog of `MESSAGES` 1 KiB messages is filled first; then a consumer process 
 - the bandgate worker (the real library) with the backlog all in the hot band, and split
   evenly over the three bands (the target case: a worker draining three bands).
 
+The compared rows run `ROUNDS` times, interleaved; each is its median-rate run (`rate_runs`:
+every run's), and the ratios are of those medians. The uvloop contrast runs once.
+
 The rate is measured inside the consumer, from its `WARMUP`-th message to its last; the CPU
 seconds of the consumer process and of the broker are read at the same two moments, and so is
 the machine's, to show what other processes took (`other_cores`: the benchmark machine is
@@ -25,6 +28,7 @@ from typing import Any
 
 from bench.environment import BenchBroker, wait_for_quiet
 from bench.raw_amqp import fill
+from bench.rounds import ROUNDS, median_run
 from bench.stage import reset_bands
 from bench.worker_process import WorkerConfig, WorkerProcess
 from consumers.dispatch import default_prefetch
@@ -80,20 +84,22 @@ def run_consume(broker: BenchBroker) -> list[dict[str, Any]]:
         warmup=WARMUP,
         broker_pid=broker.pid,
     )
-    rows = []
-    _fill(broker, [8])
-    rows.append(_drain(broker, f"raw aio-pika, 1 queue, prefetch {prefetch[0]}", raw))
-    _fill(broker, [8])
-    on_uvloop = replace(raw, plain_loop="uvloop")
-    rows.append(_drain(broker, "raw aio-pika on uvloop (for contrast)", on_uvloop))
-
     worker = replace(raw, kind="bandgate", queue=QUEUE, queues=[])
     prefetches = "/".join(str(p) for p in prefetch)
+    compared = [
+        (f"raw aio-pika, 1 queue, prefetch {prefetch[0]}", raw, [8]),
+        (f"bandgate worker, 1 band, prefetch {prefetches}", worker, [8]),
+        ("bandgate worker, 3 bands", worker, [8, 5, 1]),
+    ]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for _ in range(ROUNDS):
+        for name, config, priorities in compared:
+            _fill(broker, priorities)
+            runs.setdefault(name, []).append(_drain(broker, name, config))
+    rows = [median_run(runs[name], "rate") for name, _, _ in compared]
     _fill(broker, [8])
-    rows.append(_drain(broker, f"bandgate worker, 1 band, prefetch {prefetches}", worker))
-    _fill(broker, [8, 5, 1])
-    rows.append(_drain(broker, "bandgate worker, 3 bands", worker))
-
+    on_uvloop = replace(raw, plain_loop="uvloop")
+    rows.insert(1, _drain(broker, "raw aio-pika on uvloop (for contrast)", on_uvloop))
     for row in rows:
         row["ratio"] = row["rate"] / rows[0]["rate"]
     return rows

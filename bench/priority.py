@@ -24,8 +24,8 @@ the worker starts and settles, then `WARMUP` s of hot traffic, `SECONDS` s measu
 `GRACE` s more before the worker stops. A hot message still unhandled then counts with its
 wait so far (a lower bound), and the `unhandled` column says how many did. bandgate and the
 classic queue run `ROUNDS` times, interleaved, and each row is the run with the median p99
-(`p99_runs`: every run's); the FIFO queue and the naive bands, contrasts, run once. CPU is in cores
-over the measured window: the worker, the broker, the load generator, and everything else on
+(`p99_ms_runs`: every run's); the FIFO queue and the naive bands, contrasts, run once. CPU is in
+cores over the measured window: the worker, the broker, the load generator, and everything else on
 the machine (`other_cores`: anything above ~0.1 means another process disturbed the run; each
 run waits for a quiet machine first, for up to 20 s, but cannot keep others off it).
 """
@@ -44,6 +44,7 @@ from pamqp.common import Arguments
 from bench.environment import BenchBroker, cpu_seconds, machine_busy_seconds, wait_for_quiet
 from bench.paced_publisher import PacedConfig, PacedPublisher
 from bench.raw_amqp import fill
+from bench.rounds import ROUNDS, median_run
 from bench.stage import reset_bands
 from bench.worker_process import WorkerConfig, WorkerProcess
 from topology import naming, wire
@@ -55,7 +56,6 @@ SETTLE = 1.0
 WARMUP = 2.0
 SECONDS = 10.0
 GRACE = 2.0
-ROUNDS = 3  # runs of each compared contender per load (the contrasts run once)
 COLD, HOT = 1, 8
 QUEUE = "orders"
 CLASSIC = "bench.priority.classic"
@@ -240,7 +240,7 @@ def _run(broker: BenchBroker, contender: Contender, load: Load, run: str) -> dic
 def run_priority(broker: BenchBroker) -> list[dict[str, Any]]:
     """Each load: the compared contenders `ROUNDS` times, interleaved, the contrasts once.
 
-    Every contender's row is its run with the median p99 (`p99_runs` lists them all): the
+    Every contender's row is its run with the median p99 (`p99_ms_runs` lists them all): the
     broker on this machine stalls now and then for a few hundred milliseconds (quorum and
     classic queues alike, seen as a burst of late messages in one run and none in the next),
     and one stall in a 10 s window decides a p99 of 500 messages.
@@ -259,7 +259,7 @@ def run_priority(broker: BenchBroker) -> list[dict[str, Any]]:
                     wait_for_quiet()  # also lets the broker finish writing the backlog away
                     run = f"{load.name}-{contender.name}-{time.time():.0f}"
                     runs.setdefault(contender.name, []).append(_run(broker, contender, load, run))
-            results = {name: _median_run(done) for name, done in runs.items()}
+            results = {name: median_run(done, "p99_ms") for name, done in runs.items()}
             for prefetch in (CONCURRENCY, 2 * CONCURRENCY):
                 classic = results[f"{CLASSIC_NAME}, prefetch {prefetch}"]["p99_ms"]
                 for row in results.values():
@@ -268,10 +268,3 @@ def run_priority(broker: BenchBroker) -> list[dict[str, Any]]:
     finally:
         asyncio.run(_clean_up(broker.amqp_url, bands))
     return rows
-
-
-def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    ordered = sorted(runs, key=lambda row: row["p99_ms"])
-    median = dict(ordered[(len(ordered) - 1) // 2])
-    median["p99_runs"] = "/".join(f"{row['p99_ms']:.0f}" for row in runs)
-    return median

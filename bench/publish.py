@@ -26,6 +26,7 @@ import orjson
 
 from bench.environment import BenchBroker, cpu_seconds
 from bench.http_client import RawHttp
+from bench.rounds import ROUNDS, median_run
 from bench.stage import gateway_process
 from topology import naming
 from topology.declare import apply_topology, broker_version
@@ -125,10 +126,20 @@ async def _purge(url: str, topology_queues: list[str]) -> None:
 
 
 def run_publish(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
-    rows = asyncio.run(_raw(broker, messages))
+    """Raw, single and batch `ROUNDS` times, interleaved; each row is its median-rate run
+    (`rate_runs`: every run's), and the ratios are of those medians."""
+    runs: dict[str, list[dict[str, Any]]] = {}
     with gateway_process(broker) as (port, pid):
-        rows += asyncio.run(_through_gateway(broker, messages, port, pid, rows[0]["rate"]))
-    return rows
+        for _ in range(ROUNDS):
+            rows = asyncio.run(_raw(broker, messages))
+            rows += asyncio.run(_through_gateway(broker, messages, port, pid))
+            for row in rows:
+                runs.setdefault(row["name"], []).append(row)
+    medians = [median_run(done, "rate") for done in runs.values()]
+    raw_rate = medians[0]["rate"]
+    return [
+        {"name": m["name"], "rate": m["rate"], "ratio": m["rate"] / raw_rate, **m} for m in medians
+    ]
 
 
 async def _raw(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
@@ -160,7 +171,6 @@ async def _raw(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
         {
             "name": "raw aio-pika confirmed publish",
             "rate": raw_rate,
-            "ratio": 1.0,
             "broker_cpu_s": raw_cpu,
             **raw_lat,
         }
@@ -172,7 +182,7 @@ async def _raw(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
 
 
 async def _through_gateway(
-    broker: BenchBroker, messages: int, port: int, gateway_pid: int, raw_rate: float
+    broker: BenchBroker, messages: int, port: int, gateway_pid: int
 ) -> list[dict[str, Any]]:
     topology = load_topology()
     queues = [naming.band_queue("orders", band.name) for band in topology.queue("orders").bands]
@@ -214,7 +224,6 @@ async def _through_gateway(
             {
                 "name": "gateway HTTP, 1 message/request",
                 "rate": single_rate,
-                "ratio": single_rate / raw_rate,
                 "gateway_cpu_s": gw_cpu,
                 "broker_cpu_s": br_cpu,
                 **single_lat,
@@ -228,7 +237,6 @@ async def _through_gateway(
             {
                 "name": f"gateway HTTP, batch of {BATCH}",
                 "rate": batch_rate,
-                "ratio": batch_rate / raw_rate,
                 **batch_lat,
             }
         )
