@@ -35,7 +35,9 @@ BENCHMARKS: dict[str, Runner] = {
 def table(title: str, rows: list[dict[str, Any]]) -> str:
     columns = list(dict.fromkeys(key for row in rows for key in row if key != "name"))
     width = max(len(row["name"]) for row in rows) + 2
-    widths = [max(12, len(c) + 2) for c in columns]
+    widths = [
+        max(12, len(c) + 2, *(len(_cell(row.get(c), 0)) + 2 for row in rows)) for c in columns
+    ]
     lines = [
         title,
         f"{'':<{width}}" + "".join(f"{c:>{w}}" for c, w in zip(columns, widths, strict=True)),

@@ -28,7 +28,8 @@ from aio_pika.abc import AbstractChannel
 from aiormq.abc import ChannelFrame
 from pamqp import frame as amqp_frame
 from pamqp.body import ContentBody
-from pamqp.header import ContentHeader
+
+from gateway.amqp_header import content_header_frame
 
 Confirmation = asyncio.Future[Any]
 ChannelFactory = Callable[[], Awaitable[AbstractChannel]]
@@ -72,7 +73,7 @@ class ConfirmPipeline:
         number = self.channel.number
         parts = [
             self._method_frame(exchange, routing_key),
-            amqp_frame.marshal(ContentHeader(body_size=len(body), properties=properties), number),
+            content_header_frame(number, len(body), properties),
         ]
         size = self.channel.max_content_size
         for start in range(0, len(body), size):
