@@ -8,6 +8,14 @@ message arrives, it goes back to the small one. RabbitMQ fixes a consumer's pref
 subscribes, so each change is a basic.cancel, basic.qos and basic.consume on the band's channel
 (`Subscription.resize`); messages already delivered stay in hand and are settled as usual.
 
+A hotter band whose backlog just ended boosts it sooner: when a hotter band ran dry and the
+broker confirmed it empty (the dispatcher's refill probe), with no hotter message arriving
+since, the hotter work is done, and waiting `idle_after` would only leave slots idle; the boost
+then comes once hotter bands were quiet for `quiet_after` (the refill wait, 0.1 s). A cold
+backlog behind a drained hotter backlog (the drain of a mixed backlog) so runs on every slot
+almost at once, while a steady hotter stream (arrivals closer than `quiet_after`) never
+boosts it.
+
 The price: while boosted, the first hotter message to arrive may find every slot busy with cold
 work and waits for the first to finish (at most one handler run); the inversion window stays
 `W_hot = C`. Hotter traffic arriving more often than every `idle_after` seconds keeps the band
@@ -34,14 +42,17 @@ class ColdBoost:
         *,
         full: int,
         idle_after: float,
+        quiet_after: float = 0.0,
     ) -> None:
         self.subscription = subscription
         self.small = subscription.prefetch
         self.full = full
         self.idle_after = idle_after
+        self.quiet_after = min(quiet_after, idle_after)
         self.boosted = False
         self._on_delivery = on_delivery
         self._last_hotter = time.monotonic()
+        self._drained_at = float("-inf")
         self._wake = asyncio.Event()
         self._stopping = False
 
@@ -51,16 +62,26 @@ class ColdBoost:
         if self.boosted:
             self._wake.set()
 
+    def hotter_drained(self) -> None:
+        """A hotter band's backlog ended (the broker has none left): boost now, unless a
+        hotter message arrives meanwhile."""
+        self._drained_at = time.monotonic()
+        if not self.boosted:
+            self._wake.set()
+
     def stop(self) -> None:
         """End `run()` once a resize under way is done (never leave one half-way)."""
         self._stopping = True
         self._wake.set()
 
     async def run(self) -> None:
-        """Boost after `idle_after` s without hotter arrivals, shrink at the next; till `stop()`."""
+        """Boost after `idle_after` s without hotter arrivals or once a hotter backlog drained,
+        shrink at the next hotter arrival; till `stop()`."""
         while not self._stopping:
             idle = time.monotonic() - self._last_hotter
-            boost = idle >= self.idle_after
+            drained = self._drained_at > self._last_hotter
+            needed = self.quiet_after if drained else self.idle_after
+            boost = idle >= needed
             if boost != self.boosted:
                 prefetch = self.full if boost else self.small
                 try:
@@ -73,6 +94,6 @@ class ColdBoost:
                 log.debug("%s: prefetch %d", self.subscription.queue, prefetch)
                 continue
             self._wake.clear()
-            timeout = None if boost else self.idle_after - idle
+            timeout = None if boost else needed - idle
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)

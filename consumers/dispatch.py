@@ -29,7 +29,8 @@ handler duration, `R` = refill latency from ack to next delivery):
   so hotter work finds a free slot at once even under a huge cold backlog (a prototype of this
   shape measured hot p99 of 4.5-8 ms under 50 000 cold messages). So that a cold-only load
   still uses every slot, the coldest band gets `2C` once no hotter message has arrived for
-  `cold_boost_seconds` (0.5 s), and `max(2, C // 4)` again at the next one (`consumers.boost`;
+  `cold_boost_seconds` (0.5 s; the refill wait once a hotter backlog drained), and
+  `max(2, C // 4)` again at the next one (`consumers.boost`;
   while boosted, the first hotter message waits for a slot to free). Override per band with
   `prefetch={"cold": n}`, which also turns the boost off.
 - refill wait `H` (`WorkerSettings.refill_wait_seconds`, 0.1 s): a band that had a backlog at

@@ -148,6 +148,7 @@ class ConsumerRunner:
         # A probe that found a band's backlog goes on answers for the next refill wait too.
         self._refill_wait = refill_wait
         self._backlog_seen_at = [float("-inf")] * len(self.spec.bands)
+        self._probing = [False] * len(self.spec.bands)
         self._arrival = asyncio.Event()
         self._stopping = False
         self._stopped = asyncio.Event()  # ends in-place retry waits
@@ -181,6 +182,7 @@ class ConsumerRunner:
                 self._on_delivery(coldest),
                 full=self.prefetch[0],
                 idle_after=self._boost_after,
+                quiet_after=self._refill_wait,
             )
             self._boost_task = asyncio.create_task(self.boost.run())
         log.info(
@@ -255,17 +257,29 @@ class ConsumerRunner:
         return self.settler.publisher.topology.exchange
 
     def _on_dry(self, index: int) -> None:
-        if self._probe_channel is None or self._stopping:
+        if self._probe_channel is None or self._stopping or self._probing[index]:
             return
-        if asyncio.get_running_loop().time() - self._backlog_seen_at[index] < self._refill_wait:
-            return  # the broker had more for it a moment ago: its refill is on the way
-        self._spawn(self._probe(index))
+        # The broker had more for it a moment ago: its refill is most likely on the way, so
+        # ask only once the refill wait since then is over (one question per wait at most).
+        since = asyncio.get_running_loop().time() - self._backlog_seen_at[index]
+        self._probing[index] = True
+        self._spawn(self._probe(index, after=max(0.0, self._refill_wait - since)))
 
-    async def _probe(self, index: int) -> None:
-        """A backlogged band ran dry: if the broker has nothing ready for it, stop waiting.
+    async def _probe(self, index: int, after: float) -> None:
+        """A backlogged band ran dry: if the broker has nothing ready for it, stop waiting
+        (and let the cold boost know the hotter work is done).
 
         Only queues this worker is the active consumer of can refill it.
         """
+        try:
+            if after:
+                await asyncio.sleep(after)
+            if not self._stopping:
+                await self._ask_broker(index)
+        finally:
+            self._probing[index] = False
+
+    async def _ask_broker(self, index: int) -> None:
         assert self._probe_channel is not None
         ready = 0
         for subscription in self.subscriptions[index]:
@@ -282,6 +296,8 @@ class ConsumerRunner:
             self._backlog_seen_at[index] = asyncio.get_running_loop().time()
         else:
             self.dispatcher.settle(index)
+            if self.boost is not None and index < len(self.subscriptions) - 1:
+                self.boost.hotter_drained()
 
     def _on_delivery(self, subscription: Subscription) -> OnDelivery:
         index = subscription.band

@@ -184,6 +184,50 @@ async def test_the_coldest_band_fills_every_slot_while_hotter_bands_are_idle(
         await publisher.channels.close()
 
 
+async def test_the_coldest_band_fills_every_slot_once_a_hotter_backlog_drained(
+    amqp_url: str, topology: Topology, start_worker: StartWorker
+) -> None:
+    """A hot backlog, then a cold one: once the broker has no hot message left, the cold band
+    gets every slot at once, without waiting out the idle time (set far beyond the test)."""
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        await apply_topology(connection, topology)
+        publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
+        backlog = [Envelope(queue="orders", payload={"n": n}, priority=8) for n in range(100)]
+        backlog += [Envelope(queue="orders", payload={"n": n}, priority=1) for n in range(40)]
+        assert all(isinstance(r, Published) for r in await publisher.publish_many(backlog))
+        await publisher.channels.close()
+
+        settings = WorkerSettings(amqp_url=amqp_url, cold_boost_seconds=300)
+        app = ConsumerApp(settings, topology=topology)
+        running: Counter[str] = Counter()
+        hot_done = 0
+        all_slots_cold, release = asyncio.Event(), asyncio.Event()
+
+        @app.consumer("orders", concurrency=8)
+        async def handle(msg: Message) -> None:
+            nonlocal hot_done
+            if msg.band == "hot":
+                await asyncio.sleep(0.002)
+                hot_done += 1
+                return
+            running["cold"] += 1
+            if running["cold"] == 8:
+                all_slots_cold.set()
+            await release.wait()
+            running["cold"] -= 1
+
+        worker = await start_worker(app)
+        boost = worker.runners[0].boost
+        assert boost is not None
+        try:
+            await asyncio.wait_for(all_slots_cold.wait(), 20)
+            assert hot_done == 100
+            await until(lambda: boost.boosted)  # its old consumer is cancelled after the resize
+        finally:
+            release.set()
+
+
 async def until(condition: Callable[[], bool], within: float = 10.0) -> None:
     deadline = time.monotonic() + within
     while not condition():
