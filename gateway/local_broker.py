@@ -25,10 +25,20 @@ class LocalBrokerError(RuntimeError):
     """The private node could not be started or controlled."""
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on now, never the same one twice in this process: the kernel
+    can hand a just-closed port out again, and three nodes of a test cluster started at once
+    then collided on one (the loser exits with eaddrinuse while the winner answers its port)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def port_open(port: int) -> bool:
