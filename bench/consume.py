@@ -11,7 +11,8 @@ A backlog of `MESSAGES` 1 KiB messages is filled first; then a consumer process 
   evenly over the three bands (the target case: a worker draining three bands).
 
 The compared rows run `ROUNDS` times, interleaved; each is its median-rate run (`rate_runs`:
-every run's), and the ratios are of those medians. The uvloop contrast runs once.
+every run's), and its ratio is the median of the rounds' ratios (`ratio_runs`). The uvloop
+contrast runs once.
 
 The rate is measured inside the consumer, from its `WARMUP`-th message to its last; the CPU
 seconds of the consumer process and of the broker are read at the same two moments, and so is
@@ -28,7 +29,7 @@ from typing import Any
 
 from bench.environment import BenchBroker, wait_for_quiet
 from bench.raw_amqp import fill
-from bench.rounds import ROUNDS, median_run
+from bench.rounds import ROUNDS, median_run, paired_ratios
 from bench.stage import reset_bands
 from bench.worker_process import WorkerConfig, WorkerProcess
 from consumers.dispatch import default_prefetch
@@ -96,10 +97,13 @@ def run_consume(broker: BenchBroker) -> list[dict[str, Any]]:
         for name, config, priorities in compared:
             _fill(broker, priorities)
             runs.setdefault(name, []).append(_drain(broker, name, config))
-    rows = [median_run(runs[name], "rate") for name, _, _ in compared]
+    ratios = paired_ratios(runs, compared[0][0])
+    rows = [
+        {**median_run(runs[name], "rate"), "ratio": ratios[name][0], "ratio_runs": ratios[name][1]}
+        for name, _, _ in compared
+    ]
     _fill(broker, [8])
     on_uvloop = replace(raw, plain_loop="uvloop")
     rows.insert(1, _drain(broker, "raw aio-pika on uvloop (for contrast)", on_uvloop))
-    for row in rows:
-        row["ratio"] = row["rate"] / rows[0]["rate"]
+    rows[1]["ratio"] = rows[1]["rate"] / rows[0]["rate"]  # the contrast: one run, no pairs
     return rows

@@ -26,7 +26,7 @@ import orjson
 
 from bench.environment import BenchBroker, cpu_seconds
 from bench.http_client import RawHttp
-from bench.rounds import ROUNDS, median_run, with_median
+from bench.rounds import ROUNDS, median_run, paired_ratios, with_median
 from bench.stage import gateway_process
 from topology import naming
 from topology.declare import apply_topology, broker_version
@@ -127,8 +127,8 @@ async def _purge(url: str, topology_queues: list[str]) -> None:
 
 def run_publish(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
     """Raw, single and batch `ROUNDS` times, interleaved; each row is its median-rate run
-    (`rate_runs`: every run's), the ratios are of those medians, and p50/p99 are the medians
-    of the runs' (`p99_ms_runs`: every run's)."""
+    (`rate_runs`: every run's), the ratio is the median of the rounds' ratios
+    (`ratio_runs`), and p50/p99 are the medians of the runs' (`p99_ms_runs`: every run's)."""
     runs: dict[str, list[dict[str, Any]]] = {}
     with gateway_process(broker) as (port, pid):
         for _ in range(ROUNDS):
@@ -141,9 +141,16 @@ def run_publish(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
         with_median(with_median(median_run(done, "rate"), done, "p50_ms"), done, "p99_ms")
         for done in runs.values()
     ]
-    raw_rate = medians[0]["rate"]
+    ratios = paired_ratios(runs, medians[0]["name"])
     return [
-        {"name": m["name"], "rate": m["rate"], "ratio": m["rate"] / raw_rate, **m} for m in medians
+        {
+            "name": m["name"],
+            "rate": m["rate"],
+            "ratio": ratios[m["name"]][0],
+            **m,
+            "ratio_runs": ratios[m["name"]][1],
+        }
+        for m in medians
     ]
 
 
