@@ -306,9 +306,12 @@ class Dispatcher(Generic[T]):
             if taken is not None:
                 return taken
             self._changed.clear()
-            # Wake up when something changes, or when a refill wait runs out.
+            # Wake up when something changes, or when a refill wait runs out. (asyncio.timeout,
+            # not wait_for: on Python 3.11 wait_for makes a task each time, and a worker
+            # draining a backlog waits here for about every message.)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), self._next_refill_deadline())
+                async with asyncio.timeout(self._next_refill_deadline()):
+                    await self._changed.wait()
 
     def discard(self, band: int, drop: Callable[[T], bool]) -> list[T]:
         """Take the buffered items of `band` for which `drop` is true out of the buffer."""
