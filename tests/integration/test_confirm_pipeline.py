@@ -6,9 +6,7 @@ and a channel the broker closes."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
-import aio_pika
 import aiormq
 import pytest
 from aio_pika.abc import AbstractRobustConnection
@@ -21,15 +19,8 @@ from topology.model import Topology
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-async def connection(amqp_url: str) -> AsyncIterator[AbstractRobustConnection]:
-    connection = await aio_pika.connect_robust(amqp_url)
-    async with connection:
-        yield connection
-
-
-async def pipeline_on(connection: AbstractRobustConnection) -> ConfirmPipeline:
-    return await ChannelSet(confirm_channel_factory(connection), size=1).get()
+async def pipeline_on(amqp: AbstractRobustConnection) -> ConfirmPipeline:
+    return await ChannelSet(confirm_channel_factory(amqp), size=1).get()
 
 
 def properties(message_id: str | None = None) -> aiormq.spec.Basic.Properties:
@@ -38,8 +29,8 @@ def properties(message_id: str | None = None) -> aiormq.spec.Basic.Properties:
     )
 
 
-async def drain(connection: AbstractRobustConnection, queue: str) -> list[bytes]:
-    channel = await connection.channel()
+async def drain(amqp: AbstractRobustConnection, queue: str) -> list[bytes]:
+    channel = await amqp.channel()
     box = await channel.get_queue(queue)
     bodies = []
     while (message := await box.get(no_ack=True, fail=False)) is not None:
@@ -49,10 +40,10 @@ async def drain(connection: AbstractRobustConnection, queue: str) -> list[bytes]
 
 
 async def test_acks_and_returns_mixed_in_one_write_reach_their_own_publishes(
-    connection: AbstractRobustConnection, topology: Topology
+    amqp: AbstractRobustConnection, topology: Topology
 ) -> None:
-    await apply_topology(connection, topology)
-    pipeline = await pipeline_on(connection)
+    await apply_topology(amqp, topology)
+    pipeline = await pipeline_on(amqp)
     routable = naming.routing_key("orders", 8)
     keys = [routable if i % 3 else "nowhere.8" for i in range(300)]
     bodies = [str(i).encode() for i in range(300)]
@@ -67,30 +58,30 @@ async def test_acks_and_returns_mixed_in_one_write_reach_their_own_publishes(
             assert isinstance(outcome, aiormq.spec.Basic.Ack)
         else:
             assert isinstance(outcome, aiormq.exceptions.PublishError)
-    hot = await drain(connection, naming.band_queue("orders", "hot"))
+    hot = await drain(amqp, naming.band_queue("orders", "hot"))
     assert hot == [b for k, b in zip(keys, bodies, strict=True) if k == routable]
     assert pipeline.channel.message_id_delivery_tag == {}  # nothing left behind
     assert pipeline.channel.confirmations == {}
 
 
 async def test_a_publish_cancelled_before_its_flush_is_never_sent(
-    connection: AbstractRobustConnection, topology: Topology
+    amqp: AbstractRobustConnection, topology: Topology
 ) -> None:
-    await apply_topology(connection, topology)
-    pipeline = await pipeline_on(connection)
+    await apply_topology(amqp, topology)
+    pipeline = await pipeline_on(amqp)
     key = naming.routing_key("orders", 8)
     kept = pipeline.publish(topology.exchange, key, b"kept", properties())
     withdrawn = pipeline.publish(topology.exchange, key, b"withdrawn", properties())
     withdrawn.cancel()
     assert isinstance(await kept, aiormq.spec.Basic.Ack)
-    assert await drain(connection, naming.band_queue("orders", "hot")) == [b"kept"]
+    assert await drain(amqp, naming.band_queue("orders", "hot")) == [b"kept"]
 
 
 async def test_plain_aiormq_publishes_on_the_same_channel_keep_their_tags(
-    connection: AbstractRobustConnection, topology: Topology
+    amqp: AbstractRobustConnection, topology: Topology
 ) -> None:
-    await apply_topology(connection, topology)
-    pipeline = await pipeline_on(connection)
+    await apply_topology(amqp, topology)
+    pipeline = await pipeline_on(amqp)
     key = naming.routing_key("orders", 8)
 
     async def plain(i: int) -> object:
@@ -114,14 +105,14 @@ async def test_plain_aiormq_publishes_on_the_same_channel_keep_their_tags(
     assert [isinstance(r, aiormq.spec.Basic.Ack) for r in results[:50]] == [
         i % 2 == 0 for i in range(50)
     ]
-    assert len(await drain(connection, naming.band_queue("orders", "hot"))) == expected_acks
+    assert len(await drain(amqp, naming.band_queue("orders", "hot"))) == expected_acks
 
 
 async def test_a_channel_the_broker_closes_fails_its_publishes_and_is_replaced(
-    connection: AbstractRobustConnection, topology: Topology
+    amqp: AbstractRobustConnection, topology: Topology
 ) -> None:
-    await apply_topology(connection, topology)
-    channels = ChannelSet(confirm_channel_factory(connection), size=1)
+    await apply_topology(amqp, topology)
+    channels = ChannelSet(confirm_channel_factory(amqp), size=1)
     pipeline = await channels.get()
     doomed = [
         pipeline.publish("no-such-exchange", "orders.8", b"x", properties()) for _ in range(5)
@@ -138,8 +129,8 @@ async def test_a_channel_the_broker_closes_fails_its_publishes_and_is_replaced(
 
 
 async def test_a_message_id_is_required_to_match_returns(
-    connection: AbstractRobustConnection, topology: Topology
+    amqp: AbstractRobustConnection, topology: Topology
 ) -> None:
-    pipeline = await pipeline_on(connection)
+    pipeline = await pipeline_on(amqp)
     with pytest.raises(ValueError, match="message_id"):
         pipeline.publish(topology.exchange, "orders.8", b"x", aiormq.spec.Basic.Properties())

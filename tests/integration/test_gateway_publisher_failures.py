@@ -4,8 +4,6 @@ broker did not ack may come back as `Published`."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractRobustConnection
@@ -28,17 +26,10 @@ from topology.wire import Envelope
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-async def connection(amqp_url: str) -> AsyncIterator[AbstractRobustConnection]:
-    connection = await aio_pika.connect_robust(amqp_url)
-    async with connection:
-        yield connection
-
-
 def publisher(
-    connection: AbstractRobustConnection, topology: Topology, confirm_timeout: float = 5.0
+    amqp: AbstractRobustConnection, topology: Topology, confirm_timeout: float = 5.0
 ) -> Publisher:
-    channels = ChannelSet(confirm_channel_factory(connection), size=2)
+    channels = ChannelSet(confirm_channel_factory(amqp), size=2)
     return Publisher(topology, channels, confirm_timeout)
 
 
@@ -47,16 +38,16 @@ def envelopes(n: int, priority: int = 8) -> list[Envelope]:
 
 
 async def test_a_batch_is_published_in_order_with_the_wire_format(
-    connection: AbstractRobustConnection, topology: Topology
+    amqp: AbstractRobustConnection, topology: Topology
 ) -> None:
-    await apply_topology(connection, topology)
+    await apply_topology(amqp, topology)
     sent = envelopes(3) + [Envelope(queue="orders", payload="c", priority=1, headers={"k": "v"})]
-    results = await publisher(connection, topology).publish_many(sent)
+    results = await publisher(amqp, topology).publish_many(sent)
     assert [r.message_id for r in results if isinstance(r, Published)] == [
         e.message_id for e in sent
     ]
     assert [r.band for r in results if isinstance(r, Published)] == ["hot"] * 3 + ["cold"]
-    channel = await connection.channel()
+    channel = await amqp.channel()
     cold = await channel.get_queue(naming.band_queue("orders", "cold"))
     message = await cold.get(no_ack=True)
     assert message.message_id == sent[3].message_id
@@ -69,13 +60,13 @@ async def test_a_batch_is_published_in_order_with_the_wire_format(
 
 
 async def test_unroutable_is_reported_for_single_and_batch(
-    connection: AbstractRobustConnection, topology: Topology
+    amqp: AbstractRobustConnection, topology: Topology
 ) -> None:
-    await apply_topology(connection, topology)
-    channel = await connection.channel()
+    await apply_topology(amqp, topology)
+    channel = await amqp.channel()
     await channel.exchange_delete(topology.exchange)  # the bands stay, their bindings go
     await channel.declare_exchange(topology.exchange, aio_pika.ExchangeType.TOPIC, durable=True)
-    pub = publisher(connection, topology)
+    pub = publisher(amqp, topology)
     with pytest.raises(Unroutable, match="no binding"):
         await pub.publish(envelopes(1)[0])
     results = await pub.publish_many(envelopes(3))
@@ -83,14 +74,14 @@ async def test_unroutable_is_reported_for_single_and_batch(
 
 
 async def test_a_missing_exchange_is_unroutable_and_the_publisher_recovers(
-    connection: AbstractRobustConnection, topology: Topology
+    amqp: AbstractRobustConnection, topology: Topology
 ) -> None:
-    pub = publisher(connection, topology)
+    pub = publisher(amqp, topology)
     with pytest.raises(Unroutable, match="does not exist"):
         await pub.publish(envelopes(1)[0])
     results = await pub.publish_many(envelopes(3))
     assert all(isinstance(r, Unroutable) for r in results)
-    await apply_topology(connection, topology)
+    await apply_topology(amqp, topology)
     # The broker closed those channels; later publishes get working ones.
     for _ in range(3):
         assert isinstance(await pub.publish(envelopes(1)[0]), Published)
@@ -98,7 +89,7 @@ async def test_a_missing_exchange_is_unroutable_and_the_publisher_recovers(
 
 
 async def test_a_nack_in_a_batch_fails_only_that_message(
-    connection: AbstractRobustConnection,
+    amqp: AbstractRobustConnection,
 ) -> None:
     small = parse_topology(
         {
@@ -114,8 +105,8 @@ async def test_a_nack_in_a_batch_fails_only_that_message(
             },
         }
     )
-    await apply_topology(connection, small)
-    pub = publisher(connection, small)
+    await apply_topology(amqp, small)
+    pub = publisher(amqp, small)
     results = await pub.publish_many(envelopes(6) + envelopes(2, priority=1))
     hot, cold = results[:6], results[6:]
     assert all(isinstance(r, Published) for r in hot[:3])
@@ -124,10 +115,10 @@ async def test_a_nack_in_a_batch_fails_only_that_message(
 
 
 async def test_no_confirm_within_the_timeout_is_a_confirm_timeout(
-    connection: AbstractRobustConnection, topology: Topology
+    amqp: AbstractRobustConnection, topology: Topology
 ) -> None:
-    await apply_topology(connection, topology)
-    pub = publisher(connection, topology, confirm_timeout=1e-9)
+    await apply_topology(amqp, topology)
+    pub = publisher(amqp, topology, confirm_timeout=1e-9)
     with pytest.raises(ConfirmTimeout):
         await pub.publish(envelopes(1)[0])
     results = await pub.publish_many(envelopes(3))
