@@ -16,6 +16,7 @@ import aiormq
 from aio_pika.abc import AbstractIncomingMessage
 from aio_pika.exceptions import ChannelInvalidStateError, MessageProcessError
 
+from consumers.acks import AckWriter
 from consumers.message import Message
 from consumers.outcome import Ack, DeadLetter, Outcome, RetryLater
 from consumers.republish import dead_letter_message, retry_envelope
@@ -37,9 +38,15 @@ _CHANNEL_GONE = (
 
 
 class Settler:
-    def __init__(self, publisher: Publisher, clock: Callable[[], datetime] = wire.now) -> None:
+    def __init__(
+        self,
+        publisher: Publisher,
+        clock: Callable[[], datetime] = wire.now,
+        acks: AckWriter | None = None,
+    ) -> None:
         self.publisher = publisher
         self.clock = clock
+        self.acks = acks or AckWriter()
 
     async def settle(
         self,
@@ -106,12 +113,12 @@ class Settler:
         return await self.ack(delivery, message.message_id)
 
     async def ack(self, delivery: AbstractIncomingMessage, message_id: str) -> bool:
-        """Ack without waiting for the frame to be flushed to the socket: an ack has no reply
-        and the connection writes frames in order, so waiting only cost a drain per message."""
+        """Ack with the acks of the same loop turn (`consumers.acks`): an ack has no reply
+        and the connection writes frames in order, so nothing is gained by waiting for it."""
         try:
             if delivery.delivery_tag is None:
                 raise MessageProcessError("a delivery without a delivery tag", delivery)
-            await delivery.channel.basic_ack(delivery.delivery_tag, wait=False)
+            self.acks.ack(delivery.channel, delivery.delivery_tag)
         except _CHANNEL_GONE as exc:
             log.warning(
                 "could not ack message %s (%r): its channel is gone, the broker will deliver "

@@ -10,6 +10,7 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from aio_pika.exceptions import ChannelInvalidStateError
 
+from consumers.acks import AckWriter
 from consumers.outcome import Ack, DeadLetter, RetryLater
 from consumers.settle import Settler
 from consumers.testing import make_message
@@ -31,14 +32,7 @@ class FakeDelivery:
         self.content_type = "application/json"
         self.message_id = "m-1"
         self.delivery_tag = 7
-        self.channel = self  # acks go to the channel: basic_ack(tag, wait=False)
-
-    async def basic_ack(self, delivery_tag: int, wait: bool = True) -> None:
-        if self.channel_gone:
-            raise ChannelInvalidStateError
-        assert delivery_tag == self.delivery_tag
-        assert not wait
-        self.journal.append("ack")
+        self.channel = self  # acks go to the settler's AckWriter with the delivery's channel
 
     async def nack(self, requeue: bool = True) -> None:
         self.journal.append(f"nack requeue={requeue}")
@@ -66,9 +60,23 @@ class FakePublisher(Publisher):
         self.letters.append(message)
 
 
+class JournalAcks(AckWriter):
+    """Acks as `AckWriter` takes them, refused like it does when the channel is gone."""
+
+    def __init__(self, journal: list[str]) -> None:
+        super().__init__()
+        self.journal = journal
+
+    def ack(self, channel: Any, delivery_tag: int) -> None:
+        if channel.channel_gone:
+            raise ChannelInvalidStateError
+        assert delivery_tag == channel.delivery_tag
+        self.journal.append("ack")
+
+
 def settler(journal: list[str], *, fail: bool = False) -> tuple[Settler, FakePublisher]:
     publisher = FakePublisher(journal, fail=fail)
-    return Settler(publisher, clock=lambda: NOW), publisher
+    return Settler(publisher, clock=lambda: NOW, acks=JournalAcks(journal)), publisher
 
 
 def delivery(journal: list[str], **options: bool) -> AbstractIncomingMessage:
