@@ -309,8 +309,12 @@ class Dispatcher(Generic[T]):
             # Wake up when something changes, or when a refill wait runs out. (asyncio.timeout,
             # not wait_for: on Python 3.11 wait_for makes a task each time, and a worker
             # draining a backlog waits here for about every message.)
+            deadline = self._next_refill_deadline()
+            if deadline is None:
+                await self._changed.wait()
+                continue
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._next_refill_deadline()):
+                async with asyncio.timeout(deadline):
                     await self._changed.wait()
 
     def discard(self, band: int, drop: Callable[[T], bool]) -> list[T]:
