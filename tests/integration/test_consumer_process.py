@@ -106,7 +106,9 @@ class Workers:
     def events(self) -> list[Event]:
         if not self.record_path.exists():
             return []
-        lines = self.record_path.read_text(encoding="utf-8").splitlines()
+        text = self.record_path.read_text(encoding="utf-8")
+        # A line still being appended by a worker is read next time, once it is whole.
+        lines = text.split("\n")[:-1]
         return [json.loads(line) for line in lines]
 
     async def wait_for(
