@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from aio_pika.abc import AbstractIncomingMessage
 
 from consumers.errors import MalformedMessage
+from consumers.incoming import Delivered
 from topology import wire
 from topology.model import Band, QueueSpec
 from topology.priority import MAX_PRIORITY, MIN_PRIORITY
@@ -45,7 +45,7 @@ class Message:
 
 
 def read_message(
-    delivery: AbstractIncomingMessage, spec: QueueSpec, band: Band, *, decode: bool = True
+    delivery: Delivered, spec: QueueSpec, band: Band, *, decode: bool = True
 ) -> Message:
     """The `Message` of a delivery from `band`'s queue; `MalformedMessage` when unreadable.
 
@@ -96,7 +96,7 @@ def _priority(value: int | None, band: Band) -> int:
     return min(MAX_PRIORITY, max(MIN_PRIORITY, int(value)))
 
 
-def _missing_id(delivery: AbstractIncomingMessage) -> str:
+def _missing_id(delivery: Delivered) -> str:
     # Not a bandgate message: give it a stable id for logs and dead letters.
     return f"delivery-{delivery.delivery_tag}-{wire.new_message_id()}"
 

@@ -25,7 +25,7 @@ from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import ChannelInvalidStateError
 from opentelemetry import trace
 
@@ -34,6 +34,7 @@ from consumers.balance import WorkersQueue, surplus
 from consumers.boost import ColdBoost
 from consumers.dispatch import Dispatcher, DispatcherClosed, make_policy, shard_prefetch
 from consumers.errors import MalformedMessage, Reject, Retry
+from consumers.incoming import Delivered
 from consumers.invoke import invoke
 from consumers.message import Message, read_message
 from consumers.ordering import ordered_outcome
@@ -61,7 +62,7 @@ SERIAL_KEY = ""
 @dataclass(eq=False)
 class Delivery:
     subscription: Subscription
-    incoming: AbstractIncomingMessage
+    incoming: Delivered
     key: str | None
 
     @property
@@ -69,14 +70,14 @@ class Delivery:
         return self.subscription.band
 
 
-def partition_key(incoming: AbstractIncomingMessage) -> str | None:
+def partition_key(incoming: Delivered) -> str | None:
     value = (incoming.headers or {}).get(wire.PARTITION_KEY)
     if value is None:
         return None
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def channel_gone(incoming: AbstractIncomingMessage) -> bool:
+def channel_gone(incoming: Delivered) -> bool:
     """True when the delivery's channel closed (the broker took the message back then)."""
     try:
         return incoming.channel.is_closed
@@ -302,7 +303,7 @@ class ConsumerRunner:
     def _on_delivery(self, subscription: Subscription) -> OnDelivery:
         index = subscription.band
 
-        async def on_delivery(incoming: AbstractIncomingMessage) -> None:
+        async def on_delivery(incoming: Delivered) -> None:
             if self._stopping or subscription.releasing:
                 # Competing consumers: sent before the broker saw our cancel, give it straight
                 # back. A single active consumer keeps it: closing the channel returns it.
@@ -476,7 +477,7 @@ class ConsumerRunner:
     async def _settle(
         self, delivery: Delivery, message: Message, band: Band, outcome: Outcome
     ) -> None:
-        async def give_back(_: AbstractIncomingMessage) -> None:
+        async def give_back(_: Delivered) -> None:
             await self._give_back(delivery)
 
         await self.settler.settle(delivery.incoming, message, band, outcome, give_back=give_back)

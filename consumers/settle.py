@@ -13,10 +13,10 @@ from dataclasses import replace
 from datetime import datetime
 
 import aiormq
-from aio_pika.abc import AbstractIncomingMessage
 from aio_pika.exceptions import ChannelInvalidStateError, MessageProcessError
 
 from consumers.acks import AckWriter
+from consumers.incoming import Delivered
 from consumers.message import Message
 from consumers.outcome import Ack, DeadLetter, Outcome, RetryLater
 from consumers.republish import dead_letter_message, retry_envelope
@@ -50,12 +50,12 @@ class Settler:
 
     async def settle(
         self,
-        delivery: AbstractIncomingMessage,
+        delivery: Delivered,
         message: Message,
         band: Band,
         outcome: Outcome,
         *,
-        give_back: Callable[[AbstractIncomingMessage], Awaitable[None]] | None = None,
+        give_back: Callable[[Delivered], Awaitable[None]] | None = None,
     ) -> bool:
         """Carry out `outcome`; False when the delivery went back to the broker instead.
 
@@ -112,7 +112,7 @@ class Settler:
             assert isinstance(outcome, Ack)
         return await self.ack(delivery, message.message_id)
 
-    async def ack(self, delivery: AbstractIncomingMessage, message_id: str) -> bool:
+    async def ack(self, delivery: Delivered, message_id: str) -> bool:
         """Ack with the acks of the same loop turn (`consumers.acks`): an ack has no reply
         and the connection writes frames in order, so nothing is gained by waiting for it."""
         try:
@@ -129,7 +129,7 @@ class Settler:
             return False
         return True
 
-    async def give_back(self, delivery: AbstractIncomingMessage) -> None:
+    async def give_back(self, delivery: Delivered) -> None:
         """Return an unsettled delivery to its band (nack with requeue)."""
         try:
             await delivery.nack(requeue=True)

@@ -19,18 +19,16 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from aio_pika.abc import (
-    AbstractChannel,
-    AbstractConnection,
-    AbstractIncomingMessage,
-    AbstractQueue,
-    ConsumerTag,
-)
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustChannel
+from aiormq.abc import DeliveredMessage
+
+from consumers.incoming import Incoming
 
 log = logging.getLogger(__name__)
 
-OnDelivery = Callable[[AbstractIncomingMessage], Awaitable[None]]
+OnDelivery = Callable[[Incoming], Awaitable[None]]
 
 
 @dataclass(eq=False)
@@ -46,7 +44,8 @@ class Subscription:
     releasing: bool = False
     running: int = 0
     channel: AbstractChannel | None = None
-    _consumer: tuple[AbstractQueue, ConsumerTag] | None = None
+    _consumer_tag: str | None = None
+    _on_delivery: OnDelivery | None = None
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def open(
@@ -54,7 +53,11 @@ class Subscription:
         connection: AbstractConnection,
         on_delivery: OnDelivery,
     ) -> int:
-        """Consume the queue on a new channel; the number of messages ready just before."""
+        """Consume the queue on a new channel; the number of messages ready just before.
+
+        It consumes with aiormq (`consumers.incoming` says why), so a robust channel's own
+        restore does not know the consumer: after a reconnect, `_restore` subscribes again.
+        """
         channel = await connection.channel()
         self.channel = channel
         await channel.set_qos(prefetch_count=self.prefetch)
@@ -62,8 +65,28 @@ class Subscription:
         declared = queue.declaration_result
         self.active = not self.single_active or not declared.consumer_count
         self.releasing = False
-        self._consumer = queue, await queue.consume(on_delivery)
+        self._on_delivery = on_delivery
+        if isinstance(channel, AbstractRobustChannel):
+            channel.reopen_callbacks.add(self._restore)
+        await self._consume()
         return declared.message_count or 0
+
+    async def _consume(self) -> None:
+        assert self.channel is not None
+        assert self._on_delivery is not None
+        on_delivery = self._on_delivery
+
+        async def deliver(delivered: DeliveredMessage) -> None:
+            await on_delivery(Incoming(delivered))
+
+        underlay = await self.channel.get_underlay_channel()
+        self._consumer_tag = (await underlay.basic_consume(self.queue, deliver)).consumer_tag
+
+    async def _restore(self, channel: Any) -> None:
+        """The robust channel came back (its prefetch restored): consume again."""
+        if self.channel is not channel or self._consumer_tag is None:
+            return  # closed or cancelled meanwhile
+        await self._consume()
 
     async def resize(self, prefetch: int, on_delivery: OnDelivery) -> None:
         """Consume with another prefetch; what is in hand stays and is settled as usual.
@@ -74,12 +97,14 @@ class Subscription:
         """
         assert not self.single_active, "a single active consumer is handed back, not resized"
         assert self.channel is not None
-        assert self._consumer is not None
-        queue, old = self._consumer
+        old = self._consumer_tag
+        assert old is not None
         await self.channel.set_qos(prefetch_count=prefetch)
-        self._consumer = queue, await queue.consume(on_delivery)
+        self._on_delivery = on_delivery
+        await self._consume()
         self.prefetch = prefetch
-        await queue.cancel(old)
+        underlay = await self.channel.get_underlay_channel()
+        await underlay.basic_cancel(old)
 
     def started(self) -> None:
         self.running += 1
@@ -98,17 +123,18 @@ class Subscription:
     async def cancel(self) -> None:
         """Stop deliveries (competing consumers only: see the module docstring)."""
         assert not self.single_active
-        if self._consumer is None:
+        tag, self._consumer_tag = self._consumer_tag, None
+        if tag is None or self.channel is None:
             return
-        queue, tag = self._consumer
         try:
-            await queue.cancel(tag)
+            underlay = await self.channel.get_underlay_channel()
+            await underlay.basic_cancel(tag)
         except Exception as exc:  # a closed channel has no consumer left to cancel
             log.debug("cancelling the consumer of %s: %r", self.queue, exc)
 
     async def close(self) -> None:
         """Close the channel: the broker takes back every message of it not settled yet."""
-        channel, self.channel, self._consumer = self.channel, None, None
+        channel, self.channel, self._consumer_tag = self.channel, None, None
         if channel is not None and not channel.is_closed:
             try:
                 await channel.close()
