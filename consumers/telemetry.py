@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
@@ -31,35 +30,10 @@ def outcome_name(outcome: Outcome) -> str:
     return "ack"
 
 
-@dataclass(frozen=True)
-class _BandSeries:
-    """The series every handled message of one queue's band updates, looked up once:
-    `labels()` on every message was a third of the telemetry's cost per message."""
-
-    wait_time: Any
-    handler_duration: Any
-    acked: Any
-
-    @classmethod
-    def of(cls, telemetry: Telemetry, queue: str, band: str) -> _BandSeries:
-        return cls(
-            wait_time=telemetry.wait_time.labels(queue, band),
-            handler_duration=telemetry.handler_duration.labels(queue, band),
-            acked=telemetry.consumed.labels(queue, band, "ack"),
-        )
-
-
 class ConsumerTelemetry:
     def __init__(self, telemetry: Telemetry | None = None) -> None:
         self.telemetry = telemetry
         self.tracer = telemetry.tracer if telemetry else trace.get_tracer("bandgate")
-        self._series: dict[tuple[str, str], _BandSeries] = {}
-
-    def _band(self, telemetry: Telemetry, queue: str, band: str) -> _BandSeries:
-        series = self._series.get((queue, band))
-        if series is None:
-            series = self._series[queue, band] = _BandSeries.of(telemetry, queue, band)
-        return series
 
     def span(
         self, message: Message, headers: Mapping[str, Any] | None
@@ -97,9 +71,9 @@ class ConsumerTelemetry:
             due = max(due, deliver_at / 1000)
         queue, band = message.queue, message.band
         waited = max(0.0, time.time() - due)
-        self._band(telemetry, queue, band).wait_time.observe(waited)
+        telemetry.series(telemetry.wait_time, queue, band).observe(waited)
         if message.promoted:
-            telemetry.promoted.labels(queue, band).inc()
+            telemetry.series(telemetry.promoted, queue, band).inc()
 
     def finished(self, message: Message, outcome: Outcome, seconds: float | None) -> None:
         """A message was settled; `seconds` is the handler's run time, None if it did not run."""
@@ -107,15 +81,12 @@ class ConsumerTelemetry:
         if telemetry is None:
             return
         queue, band = message.queue, message.band
-        series = self._band(telemetry, queue, band)
         if seconds is not None:
-            series.handler_duration.observe(seconds)
-        if isinstance(outcome, Ack):
-            series.acked.inc()
-            return
-        telemetry.consumed.labels(queue, band, outcome_name(outcome)).inc()
+            telemetry.series(telemetry.handler_duration, queue, band).observe(seconds)
+        telemetry.series(telemetry.consumed, queue, band, outcome_name(outcome)).inc()
         if isinstance(outcome, RetryLater):
-            telemetry.retried.labels(queue, band).inc()
+            telemetry.series(telemetry.retried, queue, band).inc()
+        elif isinstance(outcome, DeadLetter):
+            telemetry.series(telemetry.dead_lettered, queue, band, outcome.cause).inc()
         else:
-            assert isinstance(outcome, DeadLetter)
-            telemetry.dead_lettered.labels(queue, band, outcome.cause).inc()
+            assert isinstance(outcome, Ack)

@@ -104,9 +104,6 @@ class Publisher:
         self.confirm_timeout = confirm_timeout
         self.telemetry = telemetry
         self._ladder = topology.ladder
-        # (queue, band) -> its published counter and publish duration histogram, looked up
-        # once: labels() on every message was a few percent of a request's CPU.
-        self._series: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     async def publish(self, envelope: Envelope) -> Published:
         """Publish to the envelope's band, through the delay ladder when it is not yet due."""
@@ -119,10 +116,11 @@ class Publisher:
             pipeline = await self._pipeline(deadline)
             confirmation = pipeline.publish(exchange, key, envelope.body(), properties)
             await self._settle(confirmation, exchange, key, deadline)
-        if self.telemetry is not None:
-            published, duration = self._band_series(self.telemetry, envelope.queue, band)
-            published.inc()
-            duration.observe(time.perf_counter() - started)
+        if (telemetry := self.telemetry) is not None:
+            telemetry.series(telemetry.published, envelope.queue, band).inc()
+            telemetry.series(telemetry.publish_duration, envelope.queue, band).observe(
+                time.perf_counter() - started
+            )
         return _published(envelope, band)
 
     async def publish_many(self, envelopes: Sequence[Envelope]) -> list[Published | PublishFailure]:
@@ -164,22 +162,13 @@ class Publisher:
                 continue
             out.append(_published(envelope, band))
             counts[envelope.queue, band] = counts.get((envelope.queue, band), 0) + 1
-        if self.telemetry is not None:
+        if (telemetry := self.telemetry) is not None:
             for (queue, band), count in counts.items():
-                published, duration = self._band_series(self.telemetry, queue, band)
-                published.inc(count)
+                telemetry.series(telemetry.published, queue, band).inc(count)
+                histogram = telemetry.series(telemetry.publish_duration, queue, band)
                 for _ in range(count):
-                    duration.observe(seconds)
+                    histogram.observe(seconds)
         return out
-
-    def _band_series(self, telemetry: Telemetry, queue: str, band: str) -> tuple[Any, Any]:
-        series = self._series.get((queue, band))
-        if series is None:
-            series = self._series[queue, band] = (
-                telemetry.published.labels(queue, band),
-                telemetry.publish_duration.labels(queue, band),
-            )
-        return series
 
     async def dead_letter(self, message: aio_pika.Message, queue: str) -> None:
         """Publish `message` to the dead-letter queue of `queue`, confirmed."""
