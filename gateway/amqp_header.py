@@ -6,6 +6,10 @@ costs. Messages carry a few known properties and flat headers of strings, number
 booleans, so this writes those with `struct`, byte for byte what pamqp writes (a property-based
 test compares the two), and hands anything else (nested tables, arrays, decimals, bytes,
 datetimes in headers) to pamqp.
+
+One deliberate difference: a float header value is written as a 64-bit double (`d`), where
+pamqp writes a 32-bit float (`f`). JSON numbers are doubles: as `f`, 19.99 would arrive as
+19.989999771118164 and 1e39 would not encode at all. Every AMQP client reads `d`.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ _FRAME_START = struct.Struct(">BHI")
 _HEADER_START = struct.Struct(">HHQH")
 _OCTET = struct.Struct(">B")
 _LONG = struct.Struct(">I")
+_DOUBLE = struct.Struct(">d")
 
 
 class _Unsupported(Exception):
@@ -123,7 +128,7 @@ def _value(value: Any) -> bytes:
             return encode.table_integer(value)
         raise _Unsupported
     if isinstance(value, float):
-        return b"f" + encode.floating_point(value)
+        return b"d" + _DOUBLE.pack(value)
     if value is None:
         return b"V"
     raise _Unsupported
