@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -31,10 +32,20 @@ HEADER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 MAX_HEADERS = 32
 MAX_HEADER_VALUE = 4096
 MAX_ID_LENGTH = 128
+MAX_ID_BYTES = 255  # message_id travels as an AMQP short string
 MAX_PARTITION_KEY = 256
 INT64 = 2**63
 
 HeaderScalar = StrictStr | StrictBool | StrictInt | StrictFloat
+# RFC 3339 as the API promises it: a full date and time with an offset. pydantic alone would
+# also take numbers (as epoch seconds or milliseconds) and dates without a time.
+RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})")
+
+
+def _rfc3339_text(value: Any) -> Any:
+    if value is not None and (not isinstance(value, str) or not RFC3339.fullmatch(value)):
+        raise ValueError("must be an RFC 3339 time with an offset, e.g. 2030-01-01T12:00:00Z")
+    return value
 
 
 class PublishRequest(BaseModel):
@@ -51,7 +62,7 @@ class PublishRequest(BaseModel):
     delay_seconds: Annotated[float, Field(ge=0, strict=True)] | None = Field(
         default=None, description="deliver after this many seconds"
     )
-    deliver_at: datetime | None = Field(
+    deliver_at: Annotated[datetime, BeforeValidator(_rfc3339_text)] | None = Field(
         default=None, description="RFC 3339 time with offset; deliver then"
     )
     headers: dict[str, HeaderScalar] | None = Field(
@@ -59,13 +70,6 @@ class PublishRequest(BaseModel):
     )
     message_id: Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)] | None = None
     partition_key: Annotated[str, Field(min_length=1, max_length=MAX_PARTITION_KEY)] | None = None
-
-    @field_validator("deliver_at")
-    @classmethod
-    def _aware(cls, value: datetime | None) -> datetime | None:
-        if value is not None and value.tzinfo is None:
-            raise ValueError("deliver_at needs a UTC offset, e.g. 2030-01-01T12:00:00Z")
-        return value
 
     @field_validator("headers")
     @classmethod
@@ -95,6 +99,13 @@ class PublishRequest(BaseModel):
     def _printable(cls, value: str | None) -> str | None:
         if value is not None and not value.isprintable():
             raise ValueError("must contain printable characters only")
+        return value
+
+    @field_validator("message_id")
+    @classmethod
+    def _short_string(cls, value: str | None) -> str | None:
+        if value is not None and len(value.encode()) > MAX_ID_BYTES:
+            raise ValueError(f"must be at most {MAX_ID_BYTES} bytes in UTF-8")
         return value
 
 
