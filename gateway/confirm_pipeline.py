@@ -37,6 +37,20 @@ ChannelFactory = Callable[[], Awaitable[AbstractChannel]]
 _METHOD_CACHE_LIMIT = 4096
 
 
+class NotSent(ConnectionError):
+    """The message never left the gateway (the channel closed first): it is not enqueued.
+
+    A message that was written and then lost its confirm with the channel fails with aiormq's
+    own close reason instead: its outcome is unknown."""
+
+
+class FrameTooLarge(ValueError):
+    """The message's properties do not fit in one AMQP frame of this connection.
+
+    The broker answers such a frame by closing the whole connection (FRAME_ERROR), with
+    every other publish on it, so it is refused here, before anything is written."""
+
+
 class ConfirmPipeline:
     """Publishes mandatory, persistent-as-given messages on one confirm-mode channel."""
 
@@ -62,20 +76,24 @@ class ConfirmPipeline:
         """Queue one mandatory publish; the future resolves with the broker's answer.
 
         `properties.message_id` must be set: aiormq matches a returned message to its publish
-        by it. Cancelling the future before its flush withdraws the message.
+        by it. Cancelling the future before its flush withdraws the message. Raises
+        `FrameTooLarge` (nothing queued) when the properties exceed the connection's frame.
         """
         message_id = properties.message_id
         if not message_id:
             raise ValueError("a pipelined publish needs a message_id")
+        number = self.channel.number
+        size = self.channel.max_content_size
+        header = content_header_frame(number, len(body), properties)
+        if len(header) > size + self.channel.CONTENT_FRAME_SIZE:
+            raise FrameTooLarge(
+                f"the message's headers and properties take {len(header)} bytes; "
+                f"the broker's frame limit is {size + self.channel.CONTENT_FRAME_SIZE}"
+            )
         confirmation = self.channel.create_future()
         if confirmation.done():  # the channel closed: aiormq rejects new futures at once
-            return confirmation
-        number = self.channel.number
-        parts = [
-            self._method_frame(exchange, routing_key),
-            content_header_frame(number, len(body), properties),
-        ]
-        size = self.channel.max_content_size
+            return _not_sent(confirmation)
+        parts = [self._method_frame(exchange, routing_key), header]
         for start in range(0, len(body), size):
             parts.append(amqp_frame.marshal(ContentBody(body[start : start + size]), number))
         self._waiting.append((b"".join(parts), message_id, confirmation))
@@ -100,6 +118,11 @@ class ConfirmPipeline:
     async def _send(self, batch: list[tuple[bytes, str, Confirmation]]) -> None:
         """Number the batch's messages and write them; holds the channel's lock."""
         channel = self.channel
+        if channel.is_closed:
+            # Writing now would put frames on a channel the broker closed: a connection error.
+            error = NotSent(f"the channel closed before the message was sent: {channel!r}")
+            _fail(batch, error)
+            raise error
         first_tag = channel.delivery_tag
         payload = bytearray()
         numbered: list[tuple[int, str, Confirmation]] = []
@@ -150,10 +173,19 @@ def _forget(channel: aiormq.Channel, message_id: str, tag: int) -> Callable[[Any
 
 
 def _fail(batch: list[tuple[bytes, str, Confirmation]], exc: BaseException) -> None:
-    error = exc if isinstance(exc, Exception) else ConnectionError("the publish was abandoned")
+    """Fail messages that were not written: the broker never saw them."""
+    error = exc if isinstance(exc, NotSent) else NotSent(f"the publish was abandoned: {exc!r}")
     for _, _, confirmation in batch:
         if not confirmation.done():
             confirmation.set_exception(error)
+
+
+def _not_sent(failed: Confirmation) -> Confirmation:
+    """A failed future of a closed channel, as a `NotSent` one."""
+    reason = failed.exception() if not failed.cancelled() else None
+    confirmation: Confirmation = asyncio.get_running_loop().create_future()
+    confirmation.set_exception(NotSent(f"the channel is closed: {reason!r}"))
+    return confirmation
 
 
 class ChannelSet:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -25,6 +26,8 @@ from gateway.confirm_pipeline import (  # ChannelSet and the factory are part of
     ChannelSet,
     Confirmation,
     ConfirmPipeline,
+    FrameTooLarge,
+    NotSent,
     confirm_channel_factory,
 )
 from gateway.telemetry import Telemetry, inject_context
@@ -38,39 +41,84 @@ __all__ = [
     "BrokerRejected",
     "BrokerUnavailable",
     "ChannelSet",
+    "ConfirmLost",
     "ConfirmTimeout",
+    "InvalidMessage",
+    "MessageTooLarge",
+    "NotEnqueued",
+    "OutcomeUnknown",
     "Published",
     "Publisher",
     "PublishFailure",
+    "TopologyMissing",
     "Unroutable",
     "confirm_channel_factory",
 ]
 
 
 class PublishFailure(Exception):
-    """The broker did not confirm a message; it may or may not have been enqueued."""
+    """The broker did not confirm a message. `NotEnqueued` and `OutcomeUnknown` say whether
+    it may still be in a queue."""
 
     code = "broker_unavailable"
 
 
-class BrokerUnavailable(PublishFailure):
+class NotEnqueued(PublishFailure):
+    """The message is certainly not in any queue: it was never sent, or the broker refused it.
+    Retrying cannot duplicate it."""
+
+
+class OutcomeUnknown(PublishFailure):
+    """The message was sent and its confirm did not come: it may be enqueued. Retry with the
+    same message_id (consumers may then see it twice)."""
+
+
+class BrokerUnavailable(NotEnqueued):
     code = "broker_unavailable"
 
 
-class ConfirmTimeout(PublishFailure):
-    code = "confirm_timeout"
-
-
-class BrokerRejected(PublishFailure):
+class BrokerRejected(NotEnqueued):
     """The broker nacked the message: a band at its max-length (reject-publish)."""
 
     code = "queue_full"
 
 
-class Unroutable(PublishFailure):
+class Unroutable(NotEnqueued):
     """The broker returned the message: no binding matched, the topology is not applied."""
 
     code = "unroutable"
+
+
+class InvalidMessage(NotEnqueued):
+    """AMQP cannot carry the message as it is; nothing was sent. `field` names the part."""
+
+    code = "invalid_field"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class MessageTooLarge(InvalidMessage):
+    """Its headers and properties exceed the connection's frame size."""
+
+    code = "message_too_large"
+
+
+class ConfirmTimeout(OutcomeUnknown):
+    code = "confirm_timeout"
+
+
+class TopologyMissing(OutcomeUnknown):
+    """The broker closed the channel because an exchange is missing."""
+
+    code = "topology_missing"
+
+
+class ConfirmLost(OutcomeUnknown):
+    """The channel or connection closed after the message was sent, before its confirm."""
+
+    code = "confirm_lost"
 
 
 @dataclass(frozen=True)
@@ -106,26 +154,28 @@ class Publisher:
         self._ladder = topology.ladder
 
     async def publish(self, envelope: Envelope) -> Published:
-        """Publish to the envelope's band, through the delay ladder when it is not yet due."""
-        exchange, key, band = self._route(envelope)
-        with self._span(envelope, band):
-            properties = wire.encode_properties(envelope)
-            inject_context(_headers(properties))
+        """Publish to the envelope's band, through the delay ladder when it is not yet due.
+
+        Raises `InvalidMessage` before anything is sent when AMQP cannot carry the message."""
+        outgoing = self._prepare(envelope)
+        with self._span(envelope, outgoing.band):
+            inject_context(_headers(outgoing.properties))
             started = time.perf_counter()
             deadline = self._deadline()
             pipeline = await self._pipeline(deadline)
-            confirmation = pipeline.publish(exchange, key, envelope.body(), properties)
-            await self._settle(confirmation, exchange, key, deadline)
+            confirmation = _submit(pipeline, outgoing)
+            await self._settle(confirmation, outgoing.exchange, outgoing.routing_key, deadline)
         if (telemetry := self.telemetry) is not None:
-            telemetry.series(telemetry.published, envelope.queue, band).inc()
-            telemetry.series(telemetry.publish_duration, envelope.queue, band).observe(
+            telemetry.series(telemetry.published, envelope.queue, outgoing.band).inc()
+            telemetry.series(telemetry.publish_duration, envelope.queue, outgoing.band).observe(
                 time.perf_counter() - started
             )
-        return _published(envelope, band)
+        return _published(envelope, outgoing.band)
 
     async def publish_many(self, envelopes: Sequence[Envelope]) -> list[Published | PublishFailure]:
         """Publish all at once on one channel (confirms pipelined); one result or failure per
-        envelope, in order. Each message's publish duration is the batch's."""
+        envelope, in order. Every message is encoded and checked before any is sent, so an
+        invalid one fails alone. Each message's publish duration is the batch's."""
         if not envelopes:
             return []
         if self.telemetry is not None and self.telemetry.tracing:
@@ -133,42 +183,56 @@ class Publisher:
             traced = await asyncio.gather(*map(self.publish, envelopes), return_exceptions=True)
             return [_outcome(result) for result in traced]
         started = time.perf_counter()
+        out: list[Published | PublishFailure | _Outgoing] = []
+        for envelope in envelopes:
+            try:
+                out.append(self._prepare(envelope))
+            except InvalidMessage as invalid:
+                out.append(invalid)
+        sending = [(index, item) for index, item in enumerate(out) if isinstance(item, _Outgoing)]
+        if not sending:
+            return _results(out)
         deadline = self._deadline()
         try:
             pipeline = await self._pipeline(deadline)
         except PublishFailure as failure:
-            return [failure] * len(envelopes)
+            for index, _ in sending:
+                out[index] = failure
+            return _results(out)
         trace_headers: dict[str, Any] = {}
         inject_context(trace_headers)
-        routes = [self._route(envelope) for envelope in envelopes]
-        confirmations = []
-        for envelope, (exchange, key, _) in zip(envelopes, routes, strict=True):
-            properties = wire.encode_properties(envelope)
-            _headers(properties).update(trace_headers)
-            confirmations.append(pipeline.publish(exchange, key, envelope.body(), properties))
-        _, late = await asyncio.wait(confirmations, timeout=deadline - self._now())
-        for confirmation in late:
-            confirmation.cancel()
-        seconds = time.perf_counter() - started
-        out: list[Published | PublishFailure] = []
-        counts: dict[tuple[str, str], int] = {}
-        for envelope, (exchange, key, band), confirmation in zip(
-            envelopes, routes, confirmations, strict=True
-        ):
+        waiting: list[tuple[int, _Outgoing, Confirmation]] = []
+        for index, outgoing in sending:
+            _headers(outgoing.properties).update(trace_headers)
             try:
-                _confirmed(confirmation, exchange, key)
+                waiting.append((index, outgoing, _submit(pipeline, outgoing)))
+            except InvalidMessage as invalid:
+                out[index] = invalid
+        if waiting:
+            confirmations = [confirmation for _, _, confirmation in waiting]
+            _, late = await asyncio.wait(confirmations, timeout=deadline - self._now())
+            for confirmation in late:
+                confirmation.cancel()
+        seconds = time.perf_counter() - started
+        counts: dict[tuple[str, str], int] = {}
+        for index, outgoing, confirmation in waiting:
+            try:
+                _confirmed(confirmation, outgoing.exchange, outgoing.routing_key)
             except Exception as exc:
-                out.append(self._failure(exc, exchange, key))
+                out[index] = self._failure(exc, outgoing.exchange, outgoing.routing_key)
                 continue
-            out.append(_published(envelope, band))
-            counts[envelope.queue, band] = counts.get((envelope.queue, band), 0) + 1
+            envelope = outgoing.envelope
+            out[index] = _published(envelope, outgoing.band)
+            counts[envelope.queue, outgoing.band] = (
+                counts.get((envelope.queue, outgoing.band), 0) + 1
+            )
         if (telemetry := self.telemetry) is not None:
             for (queue, band), count in counts.items():
                 telemetry.series(telemetry.published, queue, band).inc(count)
                 histogram = telemetry.series(telemetry.publish_duration, queue, band)
                 for _ in range(count):
                     histogram.observe(seconds)
-        return out
+        return _results(out)
 
     async def dead_letter(self, message: aio_pika.Message, queue: str) -> None:
         """Publish `message` to the dead-letter queue of `queue`, confirmed."""
@@ -178,8 +242,17 @@ class Publisher:
         properties = message.properties
         if not properties.message_id:
             properties.message_id = wire.new_message_id()  # returns are matched by it
-        confirmation = pipeline.publish(exchange, queue, message.body, properties)
+        confirmation = _send(pipeline, exchange, queue, message.body, properties)
         await self._settle(confirmation, exchange, queue, deadline)
+
+    def _prepare(self, envelope: Envelope) -> _Outgoing:
+        """Route and encode a message, or raise `InvalidMessage`; nothing is sent here."""
+        exchange, key, band = self._route(envelope)
+        try:
+            body = envelope.body()
+        except TypeError as exc:  # orjson: nested deeper than 254 levels, or not JSON data
+            raise InvalidMessage(f"payload cannot be written as JSON: {exc}", "payload") from None
+        return _Outgoing(envelope, exchange, key, band, body, wire.encode_properties(envelope))
 
     def _route(self, envelope: Envelope) -> tuple[str, str, str]:
         """(exchange, routing key, band name): the band now, or the delay ladder."""
@@ -221,15 +294,21 @@ class Publisher:
     async def _pipeline(self, deadline: float) -> ConfirmPipeline:
         """An open confirm channel's pipeline. The publish deadline covers this too: on a
         half-open or reconnecting connection it waits, and must not stall a publish past
-        the timeout."""
+        the timeout. Nothing was sent yet, so any failure here is `BrokerUnavailable`."""
         pipeline = self.channels.ready()
         if pipeline is not None:
             return pipeline
         try:
             async with asyncio.timeout_at(deadline):
                 return await self.channels.get()
-        except Exception as exc:
-            raise self._failure(exc, "", "") from None
+        except PublishFailure:
+            raise
+        except TimeoutError:
+            raise BrokerUnavailable(
+                f"no publishing channel to the broker within {self.confirm_timeout:g} s"
+            ) from None
+        except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
+            raise BrokerUnavailable(f"the broker is unavailable: {exc!r}") from None
 
     async def _settle(
         self, confirmation: Confirmation, exchange: str, routing_key: str, deadline: float
@@ -243,14 +322,16 @@ class Publisher:
             raise self._failure(exc, exchange, routing_key) from None
 
     def _failure(self, exc: Exception, exchange: str, routing_key: str) -> PublishFailure:
-        """The PublishFailure for what a publish raised; anything else is re-raised."""
+        """The PublishFailure for what a sent publish raised; anything else is re-raised."""
         if isinstance(exc, PublishFailure):
             return exc
         if isinstance(exc, TimeoutError):
             return ConfirmTimeout(
                 f"the broker did not confirm the message within {self.confirm_timeout:g} s; "
-                "it was not accepted (it may still arrive: retry with the same message_id)"
+                "it may still arrive: retry with the same message_id"
             )
+        if isinstance(exc, NotSent):
+            return BrokerUnavailable(f"the broker is unavailable; the message was not sent: {exc}")
         if isinstance(exc, aiormq.exceptions.PublishError):
             return _unroutable(exchange, routing_key)
         if isinstance(exc, aiormq.exceptions.DeliveryError):
@@ -258,17 +339,68 @@ class Publisher:
                 "the broker refused the message (nack): its band is at its max-length; retry later"
             )
         if isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
-            return Unroutable(
-                f"exchange {exchange!r} does not exist: run `bandgate topology apply`"
+            # The broker closed the channel: this message was not routed, but others in flight
+            # on the same channel fail with the same error whatever became of them.
+            return TopologyMissing(
+                f"exchange {exchange!r} does not exist (run `bandgate topology apply`); "
+                "messages in flight on the channel may or may not have been enqueued"
             )
         if type(exc) is Exception or isinstance(
             exc, aiormq.exceptions.AMQPError | ConnectionError | RuntimeError
         ):
             # A bare Exception is what aiormq sets on pending confirms when a channel closes
             # without a reason.
-            log.warning("publish failed: %r", exc)
-            return BrokerUnavailable(f"the broker is unavailable: {exc}")
+            log.warning("publish failed after it was sent: %r", exc)
+            return ConfirmLost(
+                f"the connection to the broker failed before it confirmed the message ({exc!r}); "
+                "it may have been enqueued: retry with the same message_id"
+            )
         raise exc
+
+
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    """A message routed and encoded, ready to send."""
+
+    envelope: Envelope
+    exchange: str
+    routing_key: str
+    band: str
+    body: bytes
+    properties: aiormq.spec.Basic.Properties
+
+
+def _submit(pipeline: ConfirmPipeline, outgoing: _Outgoing) -> Confirmation:
+    return _send(
+        pipeline, outgoing.exchange, outgoing.routing_key, outgoing.body, outgoing.properties
+    )
+
+
+def _send(
+    pipeline: ConfirmPipeline,
+    exchange: str,
+    routing_key: str,
+    body: bytes,
+    properties: aiormq.spec.Basic.Properties,
+) -> Confirmation:
+    """Queue one publish on the pipeline, or raise `InvalidMessage` with nothing queued."""
+    try:
+        return pipeline.publish(exchange, routing_key, body, properties)
+    except FrameTooLarge as exc:
+        raise MessageTooLarge(str(exc), "headers") from None
+    except (struct.error, OverflowError, TypeError, ValueError) as exc:
+        # pamqp's own writer, for header values bandgate does not write itself.
+        raise InvalidMessage(f"the headers cannot be written as AMQP: {exc}", "headers") from None
+
+
+def _results(out: list[Published | PublishFailure | _Outgoing]) -> list[Published | PublishFailure]:
+    """Every slot settled; an `_Outgoing` left over would be a bug, never a success."""
+    results: list[Published | PublishFailure] = []
+    for item in out:
+        if isinstance(item, _Outgoing):
+            raise AssertionError(f"message {item.envelope.message_id} was never settled")
+        results.append(item)
+    return results
 
 
 def _confirmed(confirmation: Confirmation, exchange: str, routing_key: str) -> None:

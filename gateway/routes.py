@@ -11,11 +11,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.auth import Principal, authorize
+from gateway.auth import Principal, authorize, charge
 from gateway.broker import BrokerLink
 from gateway.errors import ApiError, count_rejected
+from gateway.json_input import MalformedJson, parse_json
 from gateway.openapi import openapi_document
-from gateway.publishing import BrokerRejected, Published, PublishFailure
+from gateway.publishing import (
+    BrokerRejected,
+    InvalidMessage,
+    MessageTooLarge,
+    Published,
+    PublishFailure,
+)
 from gateway.schemas import BatchRequest, parse_publish, validation_error
 from gateway.settings import GatewaySettings
 from gateway.stats import describe_queue, queue_stats
@@ -59,11 +66,10 @@ async def json_body(request: Request) -> Any:
             "unsupported_media_type",
             f"send Content-Type: application/json (got {content_type or 'none'!r})",
         )
-    body = await request.body()
     try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
+        return parse_json(await request.body())
+    except MalformedJson as exc:
+        raise ApiError(400, "malformed_json", str(exc)) from None
 
 
 def published_body(result: Published) -> dict[str, Any]:
@@ -77,9 +83,15 @@ def published_body(result: Published) -> dict[str, Any]:
     }
 
 
-def failure_error(failure: PublishFailure) -> ApiError:
-    """A publish the broker did not confirm. A nack means a band at its max-length
-    (reject-publish): the client should slow down, so 429; anything else is 503."""
+def failure_error(failure: PublishFailure, prefix: str = "") -> ApiError:
+    """A publish the broker did not confirm. A message AMQP cannot carry is the client's to
+    fix (413 or 422, naming the field); a nack means a band at its max-length
+    (reject-publish): the client should slow down, so 429; anything else is 503, its code
+    saying whether the message may be enqueued (README, "When a publish fails")."""
+    if isinstance(failure, InvalidMessage):
+        field = f"{prefix}.{failure.field}" if prefix and failure.field else failure.field
+        status = 413 if isinstance(failure, MessageTooLarge) else 422
+        return ApiError(status, failure.code, str(failure), field or prefix or None)
     if isinstance(failure, BrokerRejected):
         return ApiError(429, failure.code, str(failure), headers={"Retry-After": "1"})
     return ApiError(503, failure.code, str(failure))
@@ -128,6 +140,7 @@ async def publish_batch(request: Request) -> Response:
         raise ApiError(
             413, "batch_too_large", f"a batch holds at most {limit} messages", "messages"
         )
+    charge(request, len(batch.messages) - 1)  # the request itself paid for one
     topology = topology_of(request)
     failed: list[dict[str, Any]] = []
     envelopes: list[tuple[int, Envelope]] = []
@@ -157,7 +170,9 @@ async def publish_batch(request: Request) -> Response:
         if isinstance(result, Published):
             successful.append({"index": index, **published_body(result)})
         else:
-            failed.append({"index": index, "error": failure_error(result).body()})
+            failed.append(
+                {"index": index, "error": failure_error(result, f"messages.{index}").body()}
+            )
     for item in failed:
         count_rejected(request, item["error"]["code"])
     failed.sort(key=lambda item: item["index"])

@@ -10,13 +10,18 @@ from aio_pika.abc import AbstractRobustConnection
 
 from gateway.publishing import (
     BrokerRejected,
+    BrokerUnavailable,
     ChannelSet,
     ConfirmTimeout,
+    NotEnqueued,
+    OutcomeUnknown,
     Published,
     Publisher,
+    TopologyMissing,
     Unroutable,
     confirm_channel_factory,
 )
+from tests.integration.conftest import queue_depths
 from topology import naming, wire
 from topology.declare import apply_topology
 from topology.loader import parse_topology
@@ -73,14 +78,16 @@ async def test_unroutable_is_reported_for_single_and_batch(
     assert all(isinstance(r, Unroutable) for r in results)
 
 
-async def test_a_missing_exchange_is_unroutable_and_the_publisher_recovers(
+async def test_a_missing_exchange_is_reported_and_the_publisher_recovers(
     amqp: AbstractRobustConnection, topology: Topology
 ) -> None:
+    """The broker closes the channel, failing every message in flight on it alike, so the
+    outcome of each is unknown (`TopologyMissing` is an `OutcomeUnknown`)."""
     pub = publisher(amqp, topology)
-    with pytest.raises(Unroutable, match="does not exist"):
+    with pytest.raises(TopologyMissing, match="does not exist"):
         await pub.publish(envelopes(1)[0])
     results = await pub.publish_many(envelopes(3))
-    assert all(isinstance(r, Unroutable) for r in results)
+    assert all(isinstance(r, TopologyMissing) for r in results)
     await apply_topology(amqp, topology)
     # The broker closed those channels; later publishes get working ones.
     for _ in range(3):
@@ -117,9 +124,27 @@ async def test_a_nack_in_a_batch_fails_only_that_message(
 async def test_no_confirm_within_the_timeout_is_a_confirm_timeout(
     amqp: AbstractRobustConnection, topology: Topology
 ) -> None:
+    """A message sent whose confirm does not come in time may still arrive: outcome unknown."""
     await apply_topology(amqp, topology)
-    pub = publisher(amqp, topology, confirm_timeout=1e-9)
+    pub = publisher(amqp, topology)
+    for _ in range(2):  # open both channels first: a publish without one is never sent
+        await pub.publish(envelopes(1)[0])
+    pub.confirm_timeout = 1e-9
     with pytest.raises(ConfirmTimeout):
         await pub.publish(envelopes(1)[0])
     results = await pub.publish_many(envelopes(3))
     assert all(isinstance(r, ConfirmTimeout) for r in results)
+    assert all(isinstance(r, OutcomeUnknown) for r in results)
+
+
+async def test_no_channel_within_the_timeout_is_not_enqueued(
+    amqp: AbstractRobustConnection, topology: Topology
+) -> None:
+    """A publish that timed out before a channel opened was never sent: `NotEnqueued`."""
+    await apply_topology(amqp, topology)
+    pub = publisher(amqp, topology, confirm_timeout=1e-9)
+    with pytest.raises(BrokerUnavailable, match="no publishing channel"):
+        await pub.publish(envelopes(1)[0])
+    results = await pub.publish_many(envelopes(3))
+    assert all(isinstance(r, BrokerUnavailable | NotEnqueued) for r in results)
+    assert sum((await queue_depths(amqp, topology)).values()) == 0
