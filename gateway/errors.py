@@ -33,9 +33,12 @@ class ApiError(Exception):
         return {"code": self.code, "message": self.message, "field": self.field}
 
 
-def error_response(error: ApiError) -> Response:
+def error_response(error: ApiError, request_id: str | None = None) -> Response:
+    body = error.body()
+    if request_id is not None:
+        body["request_id"] = request_id
     return Response(
-        orjson.dumps({"error": error.body()}),
+        orjson.dumps({"error": body}),
         status_code=error.status,
         media_type="application/json",
         headers=error.headers,
