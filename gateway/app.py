@@ -16,7 +16,7 @@ from gateway.broker import BrokerLink
 from gateway.dlq_routes import dlq_routes
 from gateway.errors import ApiError, api_error_handler, http_error_handler
 from gateway.heap import settle_heap
-from gateway.middleware import BodyLimitMiddleware
+from gateway.middleware import BodyLimitMiddleware, ErrorBoundary
 from gateway.routes import routes
 from gateway.settings import GatewaySettings
 from gateway.telemetry import Telemetry
@@ -53,6 +53,7 @@ def create_app(
         app.state.topology = model
         app.state.link = link
         app.state.telemetry = metrics
+        app.state.authenticator = authenticator
         await link.start(wait=connect_wait)
         settle_heap()
         try:
@@ -67,10 +68,12 @@ def create_app(
         enabled=resolved.auth_enabled,
         rate_per_second=resolved.rate_limit_per_second,
         burst=resolved.rate_limit_burst,
+        failures_per_minute=resolved.auth_failures_per_minute,
     )
     if not resolved.auth_enabled:
         log.warning("authentication is disabled: anyone who can reach the gateway may publish")
     middleware = [
+        Middleware(ErrorBoundary),
         Middleware(AuthMiddleware, authenticator=authenticator),
         Middleware(BodyLimitMiddleware, limit=resolved.max_body_bytes),
     ]

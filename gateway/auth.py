@@ -4,6 +4,10 @@ Tokens are configured as SHA-256 hashes (`bandgate token new` makes one), so the
 never hold a usable secret and nothing here logs one. Scopes: `publish:<queue>`,
 `read:<queue>` (stats), `admin` (everything, dead-letter operations included); `*` stands for
 any queue. The middleware answers 401 and 429; handlers check scopes and answer 403.
+
+Rate limits count messages: every request costs one, and a batch handler charges the rest of
+its messages (`charge`) before it publishes any. Failed authentications are limited per client
+address: past the limit, that address gets 429 before its token is even looked at.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import math
 import re
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -79,15 +84,26 @@ class TokenBucket:
     def __post_init__(self) -> None:
         self.tokens = self.burst
 
-    def take(self) -> float:
-        """0 when a request may pass, else the seconds until it could."""
+    def take(self, cost: float = 1) -> float:
+        """0 when `cost` tokens were taken, else the seconds until they could be (none taken).
+
+        A cost above the burst passes on a full bucket and leaves it in debt, so a batch
+        larger than the burst is slowed to the rate instead of refused for ever."""
+        wait = self.wait(cost)
+        if wait == 0:
+            self.tokens -= cost
+        return wait
+
+    def wait(self, cost: float = 1) -> float:
+        """The seconds until `cost` tokens (at most a full bucket) are there; takes none."""
         now = time.monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
         self.updated = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return 0.0
-        return (1 - self.tokens) / self.rate
+        needed = min(cost, self.burst)
+        return 0.0 if self.tokens >= needed else (needed - self.tokens) / self.rate
+
+
+MAX_TRACKED_ADDRESSES = 10_000
 
 
 class Authenticator:
@@ -97,6 +113,7 @@ class Authenticator:
         enabled: bool = True,
         rate_per_second: float | None = None,
         burst: int = 100,
+        failures_per_minute: int = 60,
     ) -> None:
         self.enabled = enabled
         self._by_hash = {
@@ -106,11 +123,23 @@ class Authenticator:
         self._default_rate = rate_per_second
         self._burst = burst
         self._buckets: dict[str, TokenBucket] = {}
+        self._failures_per_minute = failures_per_minute
+        self._failures: OrderedDict[str, TokenBucket] = OrderedDict()
 
-    def authenticate(self, authorization: str | None) -> Principal:
+    def authenticate(self, authorization: str | None, client: str = "-") -> Principal:
+        """The principal of a bearer token, or 401; 429 for an address that failed too often."""
         if not self.enabled:
             return ANONYMOUS
+        failures = self._failures.get(client)
+        if failures is not None and (wait := failures.wait()) > 0:
+            raise ApiError(
+                429, "too_many_auth_failures",
+                f"over {self._failures_per_minute} failed authentications a minute from this "
+                "address",
+                headers={"Retry-After": str(max(1, math.ceil(wait)))},
+            )  # fmt: skip
         if not authorization:
+            self._failed(client)
             raise ApiError(
                 401, "unauthorized", "send Authorization: Bearer <token>",
                 headers={"WWW-Authenticate": "Bearer"},
@@ -120,24 +149,39 @@ class Authenticator:
             self._by_hash.get(hash_token(token.strip())) if scheme.lower() == "bearer" else None
         )
         if principal is None:
+            self._failed(client)
             raise ApiError(
                 401, "invalid_token", "the bearer token is not valid",
                 headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
             )  # fmt: skip
         return principal
 
-    def admit(self, principal: Principal) -> None:
-        """Apply the principal's rate limit; raise 429 with Retry-After when over it."""
+    def _failed(self, client: str) -> None:
+        """Count a failed authentication against the client's address (at most
+        `MAX_TRACKED_ADDRESSES` are remembered, the least recently failing forgotten first)."""
+        bucket = self._failures.get(client)
+        if bucket is None:
+            per_minute = self._failures_per_minute
+            bucket = self._failures[client] = TokenBucket(per_minute / 60, per_minute)
+            if len(self._failures) > MAX_TRACKED_ADDRESSES:
+                self._failures.popitem(last=False)
+        else:
+            self._failures.move_to_end(client)
+        bucket.take(1)
+
+    def admit(self, principal: Principal, cost: int = 1) -> None:
+        """Take `cost` messages from the principal's rate limit, or raise 429 with
+        Retry-After (taking none)."""
         rate = principal.rate_per_second or self._default_rate
         if not rate:
             return
         bucket = self._buckets.get(principal.name)
         if bucket is None:
             bucket = self._buckets[principal.name] = TokenBucket(rate, max(self._burst, 1))
-        wait = bucket.take()
+        wait = bucket.take(cost)
         if wait > 0:
             raise ApiError(
-                429, "rate_limited", f"over {rate:g} requests/s for token {principal.name!r}",
+                429, "rate_limited", f"over {rate:g} messages/s for token {principal.name!r}",
                 headers={"Retry-After": str(max(1, math.ceil(wait)))},
             )  # fmt: skip
 
@@ -154,8 +198,11 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         request = Request(scope)
+        client = request.client.host if request.client else "-"
         try:
-            principal = self.authenticator.authenticate(request.headers.get("authorization"))
+            principal = self.authenticator.authenticate(
+                request.headers.get("authorization"), client
+            )
             self.authenticator.admit(principal)
         except ApiError as error:
             count_rejected(request, error.code)
@@ -163,6 +210,14 @@ class AuthMiddleware:
             return
         scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
+
+
+def charge(request: Request, messages: int) -> None:
+    """Charge a request's further messages (beyond the one its request cost) to its token's
+    rate limit; 429 when over it."""
+    if messages > 0:
+        authenticator: Authenticator = request.app.state.authenticator
+        authenticator.admit(request.state.principal, messages)
 
 
 def authorize(request: Request, action: Action | Literal["admin"], queue: str = "*") -> None:
