@@ -30,6 +30,7 @@ def gateway(
     workers: Annotated[int | None, typer.Option(help="processes [BANDGATE_WORKERS]")] = None,
 ) -> None:
     """Serve the HTTP gateway (configuration from BANDGATE_* variables)."""
+    from gateway.http_server import server_options
     from gateway.settings import GatewaySettings
 
     for name, value in (("HOST", host), ("PORT", port), ("WORKERS", workers)):
@@ -39,11 +40,8 @@ def gateway(
     uvicorn.run(
         "gateway.app:create_app",
         factory=True,
-        host=settings.host,
-        port=settings.port,
         workers=settings.workers,
-        log_level="info",
-        access_log=settings.access_log,
+        **server_options(settings),
     )
 
 

@@ -19,6 +19,7 @@ import uvicorn
 from rich.console import Console
 
 from gateway.app import create_app
+from gateway.http_server import server_options
 from gateway.local_broker import LocalBroker, free_port, port_open
 from gateway.settings import GatewaySettings
 from topology import naming
@@ -96,7 +97,7 @@ def run_dev(host: str, port: int) -> None:
         console.print("  authentication is OFF for local development (bandgate gateway has it on)")
         console.print("  Ctrl-C stops the gateway" + (" and the node" if node else ""))
         app = create_app(settings, topology)
-        uvicorn.run(app, host=host, port=port, log_level="info")
+        uvicorn.run(app, **server_options(settings))
     finally:
         if node is not None:
             console.print(f"stopping RabbitMQ node {node.node}")

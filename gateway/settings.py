@@ -21,6 +21,21 @@ class GatewaySettings(BrokerSettings):
     declare_topology: bool = Field(
         default=True, description="apply the topology on connect (idempotent)"
     )
+    max_header_bytes: int = Field(
+        default=32 * 1024, ge=1024, description="request line and headers; larger get 431"
+    )
+    max_connections: int = Field(
+        default=1000, ge=1, description="open connections and requests; beyond, uvicorn says 503"
+    )
+    keep_alive_seconds: int = Field(
+        default=5, ge=1, description="for an idle keep-alive connection, and to send a request head"
+    )
+    shutdown_grace_seconds: int = Field(
+        default=10, ge=1, description="on SIGTERM, requests still running then are cancelled"
+    )
+    auth_failures_per_minute: int = Field(
+        default=60, ge=1, description="failed authentications per client address; then 429"
+    )
     access_log: bool = Field(
         default=True, description="log every request (costs CPU at high request rates)"
     )
@@ -34,6 +49,9 @@ class GatewaySettings(BrokerSettings):
         "`bandgate token new` prints one",
     )
     rate_limit_per_second: float | None = Field(
-        default=None, gt=0, description="default per-token request rate (per process)"
+        default=None,
+        gt=0,
+        description="default per-token rate in messages per second (per process); a batch "
+        "costs one per message",
     )
     rate_limit_burst: int = Field(default=100, ge=1, description="token bucket size")
