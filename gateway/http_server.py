@@ -146,7 +146,7 @@ def server_options(settings: GatewaySettings) -> dict[str, Any]:
         "h11_max_incomplete_event_size": settings.max_header_bytes,
         "limit_concurrency": settings.max_connections,
         "timeout_keep_alive": settings.keep_alive_seconds,
-        "timeout_graceful_shutdown": settings.shutdown_grace_seconds,
+        "timeout_graceful_shutdown": settings.http_shutdown_grace_seconds,
         "access_log": settings.access_log,
         "log_level": "info",
     }

@@ -30,7 +30,7 @@ class GatewaySettings(BrokerSettings):
     keep_alive_seconds: int = Field(
         default=5, ge=1, description="for an idle keep-alive connection, and to send a request head"
     )
-    shutdown_grace_seconds: int = Field(
+    http_shutdown_grace_seconds: int = Field(
         default=10, ge=1, description="on SIGTERM, requests still running then are cancelled"
     )
     auth_failures_per_minute: int = Field(

@@ -121,7 +121,9 @@ async def test_other_publishers_are_unaffected_by_a_repeated_oversize_request(
 
     async def publisher() -> None:
         while not stop.is_set():
-            response = await http.post("/v1/queues/emails/messages", json={"payload": "hi", "priority": 8})
+            response = await http.post(
+                "/v1/queues/emails/messages", json={"payload": "hi", "priority": 8}
+            )
             statuses.append(response.status_code)
 
     async def attacker() -> None:

@@ -47,9 +47,10 @@ def pamqp_frame(channel: int, size: int, properties: commands.Basic.Properties) 
 
 def _f32(value: float) -> bool:
     try:
-        return struct.unpack(">f", struct.pack(">f", value))[0] == value
+        read: float = struct.unpack(">f", struct.pack(">f", value))[0]
     except OverflowError:
         return False
+    return read == value
 
 
 def read_back(frame: bytes) -> ContentHeader:
