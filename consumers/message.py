@@ -52,7 +52,7 @@ def read_message(
     With `decode=False` the payload is left as None: enough to dead-letter a malformed message.
     """
     headers: Mapping[str, Any] = delivery.headers or {}
-    priority = _priority(delivery.priority, band)
+    priority = _priority(wire.read_priority(delivery.priority, headers), band)
     return Message(
         payload=_payload(delivery.body, delivery.content_type) if decode else None,
         queue=spec.name,
@@ -90,7 +90,7 @@ def _is_json(content_type: str | None) -> bool:
 
 
 def _priority(value: int | None, band: Band) -> int:
-    """The AMQP priority, or the band's lowest when a foreign producer left it out."""
+    """The priority, or the band's lowest when a foreign producer left it out."""
     if value is None:
         return band.low
     return min(MAX_PRIORITY, max(MIN_PRIORITY, int(value)))

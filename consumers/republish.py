@@ -126,7 +126,9 @@ def dead_letter_message(
         attempt=message.attempt,
         extra_headers=extra,
     )
-    copy = wire.encode(envelope, body=body)
+    # A dead-letter queue keeps the order its messages failed in, on brokers that order quorum
+    # queues by priority too; the priority travels in a header.
+    copy = wire.encode(envelope, body=body, broker_priority=False)
     if content_type:
         copy.content_type = content_type  # a malformed message keeps what it claimed to be
     return copy

@@ -99,7 +99,7 @@ def read_dead_letter(
         error_type=wire.header_text(values.get(FAILURE_TYPE)),
         attempts=wire.header_int(values.get(ATTEMPTS)) or wire.header_int(values.get(wire.ATTEMPT)),
         original_band=band,
-        priority=priority,
+        priority=wire.read_priority(priority, values),
         failed_at=failed_at,
         enqueued_at=enqueued_at,
         age_seconds=round((now - failed_at).total_seconds(), 3) if failed_at else None,

@@ -152,6 +152,8 @@ class Publisher:
         self.confirm_timeout = confirm_timeout
         self.telemetry = telemetry
         self._ladder = topology.ladder
+        # Queues whose order is publish order: their messages go without the AMQP priority.
+        self._fifo = {name for name, spec in topology.queues.items() if spec.ordered}
 
     async def publish(self, envelope: Envelope) -> Published:
         """Publish to the envelope's band, through the delay ladder when it is not yet due.
@@ -252,7 +254,10 @@ class Publisher:
             body = envelope.body()
         except TypeError as exc:  # orjson: nested deeper than 254 levels, or not JSON data
             raise InvalidMessage(f"payload cannot be written as JSON: {exc}", "payload") from None
-        return _Outgoing(envelope, exchange, key, band, body, wire.encode_properties(envelope))
+        properties = wire.encode_properties(
+            envelope, broker_priority=envelope.queue not in self._fifo
+        )
+        return _Outgoing(envelope, exchange, key, band, body, properties)
 
     def _route(self, envelope: Envelope) -> tuple[str, str, str]:
         """(exchange, routing key, band name): the band now, or the delay ladder."""

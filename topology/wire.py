@@ -28,6 +28,10 @@ PARTITION_KEY = "x-bandgate-partition-key"
 # is none. Every message carries it, so a band can be sharded without changing any publisher.
 SHARD_KEY = "x-bandgate-shard-key"
 ATTEMPT = "x-bandgate-attempt"  # 1 for the first delivery; retries count up
+# The priority of a message published without the AMQP `priority` property: the messages of
+# ordered and strictly serial queues, which brokers that order quorum queues by priority
+# (RabbitMQ 4.x) would otherwise reorder as soon as a backlog forms.
+PRIORITY = "x-bandgate-priority"
 QUEUE = "x-bandgate-queue"
 TRACE_HEADERS = ("traceparent", "tracestate")
 
@@ -113,9 +117,10 @@ class Envelope:
         return max(0.0, (self.deliver_at - (at or now())).total_seconds() * 1000)
 
 
-def encode_properties(envelope: Envelope) -> spec.Basic.Properties:
+def encode_properties(envelope: Envelope, *, broker_priority: bool = True) -> spec.Basic.Properties:
     """The AMQP properties of a persistent message carrying the envelope (whose body is
-    `envelope.body()`).
+    `envelope.body()`). Without `broker_priority`, the priority travels in a header only, so
+    the broker keeps the messages in publish order whatever their priorities.
 
     The publisher sends these with the body straight to the channel: going through an
     `aio_pika.Message` builds the same properties again for every message.
@@ -132,22 +137,28 @@ def encode_properties(envelope: Envelope) -> spec.Basic.Properties:
     headers[SHARD_KEY] = envelope.shard_key
     for name in (*BROKER_DEATH_HEADERS, DELIVERY_COUNT):
         headers.pop(name, None)
+    if broker_priority:
+        headers.pop(PRIORITY, None)
+    else:
+        headers[PRIORITY] = envelope.priority
     return spec.Basic.Properties(
         content_type=CONTENT_TYPE,
         delivery_mode=PERSISTENT,
-        priority=envelope.priority,
+        priority=envelope.priority if broker_priority else None,
         message_id=envelope.message_id,
         timestamp=envelope.enqueued_at,
         headers=headers,
     )
 
 
-def encode(envelope: Envelope, body: bytes | None = None) -> aio_pika.Message:
+def encode(
+    envelope: Envelope, body: bytes | None = None, *, broker_priority: bool = True
+) -> aio_pika.Message:
     """A persistent AMQP message carrying the envelope; `body` saves re-serialising.
 
     Built from `encode_properties`, so the format is written down once.
     """
-    properties = encode_properties(envelope)
+    properties = encode_properties(envelope, broker_priority=broker_priority)
     return aio_pika.Message(
         body=envelope.body() if body is None else body,
         content_type=properties.content_type,
@@ -169,6 +180,12 @@ def user_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
         and name != DELIVERY_COUNT
         and name not in TRACE_HEADERS
     }
+
+
+def read_priority(amqp_priority: int | None, headers: Mapping[str, Any]) -> int | None:
+    """A received message's priority: its `PRIORITY` header, else the AMQP property."""
+    carried = header_int(headers.get(PRIORITY))
+    return amqp_priority if carried is None else carried
 
 
 def header_int(value: object) -> int | None:

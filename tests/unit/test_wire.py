@@ -150,3 +150,24 @@ def test_new_message_ids_are_random_uuid4_text() -> None:
         assert str(parsed) == text
         assert parsed.version == 4
         assert parsed.variant == uuid.RFC_4122
+
+
+def test_without_broker_priority_the_priority_travels_in_a_header() -> None:
+    """Ordered queues and dead letters: the broker must keep publish order, so it sees no
+    AMQP priority; readers take the header first."""
+    envelope = Envelope(queue="orders", payload=1, priority=8)
+    properties = wire.encode_properties(envelope, broker_priority=False)
+    assert properties.priority is None
+    assert properties.headers is not None
+    assert properties.headers[wire.PRIORITY] == 8
+    assert wire.read_priority(properties.priority, properties.headers) == 8
+    assert wire.read_priority(3, {}) == 3
+    assert wire.read_priority(None, {}) is None
+
+
+def test_a_republish_with_broker_priority_drops_a_carried_priority_header() -> None:
+    envelope = Envelope(queue="orders", payload=1, priority=2, extra_headers={wire.PRIORITY: 9})
+    properties = wire.encode_properties(envelope)
+    assert properties.priority == 2
+    assert properties.headers is not None
+    assert wire.PRIORITY not in properties.headers
