@@ -13,7 +13,7 @@ from starlette.middleware import Middleware
 
 from gateway.auth import Authenticator, AuthMiddleware
 from gateway.broker import BrokerLink
-from gateway.dlq_routes import dlq_routes
+from gateway.dlq_routes import dlq_routes, finish_dead_letter_work
 from gateway.errors import ApiError, api_error_handler, http_error_handler
 from gateway.heap import settle_heap
 from gateway.middleware import BodyLimitMiddleware, ErrorBoundary
@@ -59,6 +59,7 @@ def create_app(
         try:
             yield
         finally:
+            await finish_dead_letter_work(app.state)
             await link.close()
             if telemetry is None:
                 metrics.shutdown()

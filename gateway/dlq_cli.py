@@ -1,6 +1,8 @@
 """`bandgate dlq list | replay | purge`: a queue's dead letters from the command line.
 
-`gateway.ops_cli` mounts `dlq_app` on the root CLI; the work is `gateway.dead_letters`.
+`gateway.ops_cli` mounts `dlq_app` on the root CLI; the work is `gateway.dead_letters`, with
+its bounds (checked here as option ranges) and its lock: while another list, replay or purge
+of the queue runs, a command waits up to 10 s, then fails with one line saying so.
 """
 
 from __future__ import annotations
@@ -22,15 +24,20 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from gateway.dead_letter_records import DeadLetter
 from gateway.dead_letters import (
+    MAX_LIST,
+    MAX_RATE,
+    MAX_REASON,
+    MAX_REPLAY,
+    MIN_RATE,
+    DeadLetterList,
     ReplayProgress,
     ReplayResult,
-    count_dead_letters,
-    list_dead_letters,
     purge,
+    read_dead_letters,
     replay,
 )
+from gateway.dlq_access import LOCK_WAIT_SECONDS, MAX_LOCK_WAIT
 from gateway.ops_support import (
     JsonOption,
     QueueArgument,
@@ -46,10 +53,29 @@ from topology.cli import AmqpUrlOption, ManagementUrlOption, TopologyOption
 from topology.declare import broker_version, parse_version
 from topology.model import Topology
 
+
+def _reason(value: str | None) -> str | None:
+    if value is not None and len(value) > MAX_REASON:
+        raise typer.BadParameter(f"at most {MAX_REASON} characters")
+    return value
+
+
 ReasonOption = Annotated[
     str | None,
     typer.Option(
-        "--reason", help="Only dead letters whose cause, reason or error type contains this."
+        "--reason",
+        help="Only dead letters whose cause, reason or error type contains this.",
+        callback=_reason,
+    ),
+]
+
+WaitOption = Annotated[
+    float,
+    typer.Option(
+        "--wait",
+        min=0,
+        max=MAX_LOCK_WAIT,
+        help="Seconds to wait while another list, replay or purge of the queue runs.",
     ),
 ]
 
@@ -63,9 +89,12 @@ dlq_app = typer.Typer(
 @dlq_app.command("list")
 def list_command(
     queue: QueueArgument,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="Show at most this many.")] = 20,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=MAX_LIST, help="Show at most this many.")
+    ] = 20,
     reason: ReasonOption = None,
     as_json: JsonOption = False,
+    wait: WaitOption = LOCK_WAIT_SECONDS,
     topology: TopologyOption = None,
     amqp_url: AmqpUrlOption = None,
     management_url: ManagementUrlOption = None,
@@ -73,14 +102,14 @@ def list_command(
     """Show the oldest dead letters of QUEUE; they stay in the dead-letter queue, in order."""
     settings = broker_settings(topology, amqp_url, management_url)
 
-    async def work(
-        connection: AbstractConnection, model: Topology
-    ) -> tuple[str, int, list[DeadLetter]]:
-        total = await count_dead_letters(connection, model, queue)
-        records = await list_dead_letters(connection, model, queue, limit=limit, reason=reason)
-        return broker_version(connection), total, records
+    async def work(connection: AbstractConnection, model: Topology) -> tuple[str, DeadLetterList]:
+        listing = await read_dead_letters(
+            connection, model, queue, limit=limit, reason=reason, lock_wait=wait
+        )
+        return broker_version(connection), listing
 
-    version, total, records = run(settings, work)
+    version, listing = run(settings, work)
+    total, records = listing.total, listing.records
     if (4, 0) <= parse_version(version) < (4, 3):
         Console(stderr=True, highlight=False).print(
             f"warning: RabbitMQ {version} counts each listing as a delivery of every dead "
@@ -121,11 +150,14 @@ def replay_command(
     queue: QueueArgument,
     reason: ReasonOption = None,
     limit: Annotated[
-        int | None, typer.Option("--limit", min=1, help="Replay at most this many.")
+        int | None,
+        typer.Option("--limit", min=1, max=MAX_REPLAY, help="Replay at most this many."),
     ] = None,
     rate: Annotated[
-        float | None, typer.Option("--rate", min=0.001, help="At most this many per second.")
+        float | None,
+        typer.Option("--rate", min=MIN_RATE, max=MAX_RATE, help="At most this many per second."),
     ] = None,
+    wait: WaitOption = LOCK_WAIT_SECONDS,
     topology: TopologyOption = None,
     amqp_url: AmqpUrlOption = None,
     management_url: ManagementUrlOption = None,
@@ -154,7 +186,14 @@ def replay_command(
 
     async def work(connection: AbstractConnection, model: Topology) -> ReplayResult:
         return await replay(
-            connection, model, queue, limit=limit, reason=reason, rate=rate, progress=report
+            connection,
+            model,
+            queue,
+            limit=limit,
+            reason=reason,
+            rate=rate,
+            progress=report,
+            lock_wait=wait,
         )
 
     with progress:
@@ -178,6 +217,7 @@ def purge_command(
     yes: Annotated[
         bool, typer.Option("--yes", help="Confirm: the dead letters are deleted for good.")
     ] = False,
+    wait: WaitOption = LOCK_WAIT_SECONDS,
     topology: TopologyOption = None,
     amqp_url: AmqpUrlOption = None,
     management_url: ManagementUrlOption = None,
@@ -189,7 +229,7 @@ def purge_command(
     settings = broker_settings(topology, amqp_url, management_url)
 
     async def work(connection: AbstractConnection, model: Topology) -> int:
-        return await purge(connection, model, queue)
+        return await purge(connection, model, queue, lock_wait=wait)
 
     count = run(settings, work)
     console().print(f"Purged {count} dead letters from {dlq}.", markup=False)

@@ -1,35 +1,59 @@
 """Dead-letter operations over HTTP, for tokens with the `admin` scope:
-`GET /v1/queues/{queue}/dlq`, `POST /v1/queues/{queue}/dlq/replay`, `DELETE .../dlq`."""
+`GET /v1/queues/{queue}/dlq`, `POST /v1/queues/{queue}/dlq/replay`, `DELETE .../dlq`.
+
+Every input is bounded (`gateway.dead_letters` gives the ranges) and refused with 422 before
+anything touches the broker. List and replay run as a task that is cancelled when the client
+disconnects (a replay can run for hours at a low rate); cancelled, it gives back what it holds,
+in order. `finish_dead_letter_work` lets the lifespan wait for that before the connection goes.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import re
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from aio_pika.abc import AbstractRobustConnection
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.datastructures import State
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import Receive
 
 from gateway.auth import authorize
 from gateway.broker import BrokerLink
-from gateway.dead_letters import count_dead_letters, list_dead_letters, purge, replay
-from gateway.dlq_access import DeadLetterBrokerError, DeadLetterQueueMissing
-from gateway.errors import ApiError
+from gateway.dead_letters import (
+    MAX_LIST,
+    MAX_RATE,
+    MAX_REASON,
+    MAX_REPLAY,
+    MIN_RATE,
+    purge,
+    read_dead_letters,
+    replay,
+)
+from gateway.dlq_access import DeadLetterBrokerError, DeadLetterBusy, DeadLetterQueueMissing
+from gateway.errors import ApiError, error_response
 from gateway.routes import json_body, json_response, queue_spec, topology_of
 from gateway.schemas import validation_error
 
-MAX_LIST = 10_000
+DEFAULT_LIST = 100
+LOCK_WAIT_SECONDS = 5.0  # an HTTP client waits this long for another operation, then 409
+_DIGITS = re.compile(r"[0-9]{1,5}")  # int() of 5,000 digits raises: look before converting
+_WORK = "dead_letter_work"
+
+T = TypeVar("T")
 
 
 class ReplayRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    limit: int | None = Field(default=None, ge=1, strict=True)
-    reason: str | None = Field(default=None, max_length=200)
-    rate: float | None = Field(default=None, gt=0, strict=True)
+    limit: int | None = Field(default=None, ge=1, le=MAX_REPLAY, strict=True)
+    reason: str | None = Field(default=None, max_length=MAX_REASON)
+    rate: float | None = Field(default=None, ge=MIN_RATE, le=MAX_RATE, strict=True)
 
 
 @asynccontextmanager
@@ -40,38 +64,69 @@ async def _broker(request: Request) -> AsyncIterator[AbstractRobustConnection]:
         raise ApiError(503, "broker_unavailable", link.problem or "not connected to the broker")
     try:
         yield link.connection
+    except DeadLetterBusy as exc:
+        raise ApiError(409, "dlq_busy", str(exc)) from None
     except DeadLetterQueueMissing as exc:
         raise ApiError(503, "topology_missing", str(exc)) from None
     except DeadLetterBrokerError as exc:
         raise ApiError(503, "broker_unavailable", str(exc)) from None
 
 
-def _limit(request: Request) -> int:
-    raw = request.query_params.get("limit", "100")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIST:
-        raise ApiError(422, "invalid_field", f"limit must be 1-{MAX_LIST}", "limit")
-    return int(raw)
+def _query(request: Request, allowed: tuple[str, ...]) -> dict[str, str]:
+    """The query parameters, each known and given once."""
+    params = request.query_params
+    for name in params:
+        if name not in allowed:
+            raise ApiError(422, "unknown_field", f"{name[:64]} is not a known field", name[:64])
+        if len(params.getlist(name)) > 1:
+            raise ApiError(422, "invalid_field", f"{name}: give it once", name)
+    return dict(params)
+
+
+def _list_options(request: Request) -> tuple[int, str | None]:
+    query = _query(request, ("limit", "reason"))
+    raw = query.get("limit", str(DEFAULT_LIST))
+    if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= MAX_LIST:
+        raise ApiError(422, "invalid_field", f"limit must be an integer 1-{MAX_LIST}", "limit")
+    reason = query.get("reason")
+    if reason is not None and len(reason) > MAX_REASON:
+        raise ApiError(
+            422, "invalid_field", f"reason must be at most {MAX_REASON} characters", "reason"
+        )
+    return int(raw), reason or None
 
 
 async def dlq_list(request: Request) -> Response:
     authorize(request, "admin")
     spec = queue_spec(request)
-    limit = _limit(request)
-    reason = request.query_params.get("reason") or None
+    limit, reason = _list_options(request)
     async with _broker(request) as connection:
-        topology = topology_of(request)
-        count = await count_dead_letters(connection, topology, spec.name)
-        records = await list_dead_letters(
-            connection, topology, spec.name, limit=limit, reason=reason
+        listing = await _while_connected(
+            request,
+            read_dead_letters(
+                connection,
+                topology_of(request),
+                spec.name,
+                limit=limit,
+                reason=reason,
+                lock_wait=LOCK_WAIT_SECONDS,
+            ),
         )
+    if listing is None:
+        return _gone()
     return json_response(
-        {"queue": spec.name, "count": count, "messages": [r.to_json() for r in records]}
+        {
+            "queue": spec.name,
+            "count": listing.total,
+            "messages": [record.to_json() for record in listing.records],
+        }
     )
 
 
 async def dlq_replay(request: Request) -> Response:
     authorize(request, "admin")
     spec = queue_spec(request)
+    _query(request, ())
     body: Any = await json_body(request) if await request.body() else {}
     try:
         options = ReplayRequest.model_validate(body)
@@ -79,29 +134,100 @@ async def dlq_replay(request: Request) -> Response:
         raise validation_error(exc) from None
     link: BrokerLink = request.app.state.link
     async with _broker(request) as connection:
-        result = await replay(
-            connection,
-            topology_of(request),
-            spec.name,
-            publisher=link.publisher,
-            limit=options.limit,
-            reason=options.reason,
-            rate=options.rate,
+        result = await _while_connected(
+            request,
+            replay(
+                connection,
+                topology_of(request),
+                spec.name,
+                publisher=link.publisher,
+                limit=options.limit,
+                reason=options.reason,
+                rate=options.rate,
+                lock_wait=LOCK_WAIT_SECONDS,
+            ),
         )
+    if result is None:
+        return _gone()
     return json_response(result.to_json())
 
 
 async def dlq_purge(request: Request) -> Response:
     authorize(request, "admin")
     spec = queue_spec(request)
+    _query(request, ())
     async with _broker(request) as connection:
-        purged = await purge(connection, topology_of(request), spec.name)
+        purged = await purge(
+            connection, topology_of(request), spec.name, lock_wait=LOCK_WAIT_SECONDS
+        )
     return json_response({"queue": spec.name, "purged": purged})
+
+
+async def _while_connected(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
+    """Run `work` as a task until it ends or the client disconnects (then it is cancelled:
+    None). Either way, and when this request itself is cancelled (shutdown), the task has
+    finished cleaning up when this returns."""
+    task = asyncio.ensure_future(work)
+    running: set[asyncio.Task[Any]] = _work_of(request.app.state)
+    running.add(task)
+    task.add_done_callback(running.discard)
+    watcher = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+    if task.cancelled():
+        return None
+    return task.result()
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the ASGI server says the client is gone (the body was read before)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _gone() -> Response:
+    # Nobody reads it; the access log shows nginx's "client closed request".
+    return error_response(
+        ApiError(499, "client_disconnected", "the client disconnected; the operation stopped")
+    )
+
+
+def _work_of(state: State) -> set[asyncio.Task[Any]]:
+    running: set[asyncio.Task[Any]] | None = getattr(state, _WORK, None)
+    if running is None:
+        running = set()
+        setattr(state, _WORK, running)
+    return running
+
+
+async def finish_dead_letter_work(state: State, grace: float = 10.0) -> None:
+    """Cancel the dead-letter operations still running and wait up to `grace` s while they
+    give back the messages they hold; for the lifespan's shutdown, before the broker
+    connection closes (or the broker returns them, in an order of its own)."""
+    running = list(_work_of(state))
+    for task in running:
+        task.cancel()
+    if running:
+        await asyncio.wait(running, timeout=grace)
+
+
+async def dlq(request: Request) -> Response:
+    """GET lists, DELETE purges: one route, so a 405 on the path names both methods."""
+    if request.method == "DELETE":
+        return await dlq_purge(request)
+    return await dlq_list(request)
 
 
 def dlq_routes() -> list[BaseRoute]:
     return [
-        Route("/v1/queues/{queue}/dlq", dlq_list, methods=["GET"]),
-        Route("/v1/queues/{queue}/dlq", dlq_purge, methods=["DELETE"]),
+        Route("/v1/queues/{queue}/dlq", dlq, methods=["GET", "DELETE"]),
         Route("/v1/queues/{queue}/dlq/replay", dlq_replay, methods=["POST"]),
     ]
+
+
+__all__ = ["MAX_LIST", "ReplayRequest", "dlq_routes", "finish_dead_letter_work"]

@@ -56,6 +56,13 @@ def dead_letter_queue(queue: str) -> str:
     return f"{queue}.dlq"
 
 
+def dead_letter_lock(queue: str) -> str:
+    """Auto-delete queue whose one exclusive consumer is the dead-letter operation (list,
+    replay, purge) running on `<queue>.dlq`: a mutex the broker releases by itself when that
+    consumer, its channel or its connection goes. It exists only while an operation runs."""
+    return f"{dead_letter_queue(queue)}.lock"
+
+
 def dead_letter_exchange(exchange: str) -> str:
     """Direct exchange routing `<queue>` to `<queue>.dlq`."""
     return f"{exchange}.dead"
