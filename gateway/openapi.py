@@ -1,99 +1,286 @@
-"""The OpenAPI document, built from the same pydantic models that validate requests."""
+"""The OpenAPI document, built from the same pydantic models that validate requests.
+
+Every operation the app serves, the bearer security of /v1/, and every error each operation can
+answer, in the one error shape. The schemas (`gateway._openapi_schemas`) add to the models'
+JSON Schema what the handlers check on top, so that a request the document calls valid is one
+the gateway accepts; what JSON Schema cannot say (UTF-8 byte lengths, nesting depth, how far
+ahead `deliver_at` may be, the AMQP frame size) is said in descriptions. The document depends
+on the deployment's limits (`ApiLimits`) and is built once per set of them.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
+from gateway._openapi_schemas import component_schemas, ref
+from gateway.dead_letters import MAX_LIST, MAX_REASON
+from gateway.settings import GatewaySettings
+from topology import naming
 
-from gateway.schemas import (
-    BatchRequest,
-    BatchResponse,
-    ErrorResponse,
-    PublishedMessage,
-    PublishRequest,
-)
+if TYPE_CHECKING:
+    from topology.model import Topology
 
-_MODELS: tuple[type[BaseModel], ...] = (
-    PublishRequest,
-    BatchRequest,
-    PublishedMessage,
-    BatchResponse,
-    ErrorResponse,
-)
+JSON = "application/json"
 
 
-def _ref(model: type[BaseModel]) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{model.__name__}"}
+@dataclass(frozen=True)
+class ApiLimits:
+    """What the document states that depends on the deployment's settings and topology."""
+
+    max_batch_messages: int = GatewaySettings.model_fields["max_batch_messages"].default
+    max_body_bytes: int = GatewaySettings.model_fields["max_body_bytes"].default
+    max_delay_seconds: float | None = None  # the topology's delay ladder; unknown without one
+
+    @classmethod
+    def of(cls, settings: GatewaySettings, topology: Topology) -> ApiLimits:
+        return cls(
+            max_batch_messages=settings.max_batch_messages,
+            max_body_bytes=settings.max_body_bytes,
+            max_delay_seconds=topology.ladder.max_delay_ms / 1000,
+        )
 
 
-def _json(model: type[BaseModel]) -> dict[str, Any]:
-    return {"content": {"application/json": {"schema": _ref(model)}}}
+DEFAULT_LIMITS = ApiLimits()
+
+# Each status with the error codes it carries; every error body is an `ErrorResponse`.
+ERRORS: dict[int, str] = {
+    400: "malformed_json: the body is not JSON, holds an integer outside [-2^63, 2^64), "
+    "or nests too deeply",
+    401: "unauthorized (no bearer token) or invalid_token",
+    403: "forbidden: the token lacks the scope the operation needs",
+    404: "unknown_queue",
+    408: "request_timeout: the request head took longer than the keep-alive timeout",
+    409: "dlq_busy: another dead-letter operation on this queue held it for too long",
+    413: "body_too_large (over {max_body_bytes} bytes), batch_too_large, or message_too_large "
+    "(the message's headers and properties exceed the broker's frame size)",
+    415: "unsupported_media_type: send Content-Type: application/json",
+    422: "a field is invalid (invalid_field, missing_field, unknown_field, invalid_priority, "
+    "invalid_body, conflicting_fields); `field` names it",
+    429: "rate_limited (this token's message rate) or too_many_auth_failures (from this "
+    "address); or queue_full: the band is at its max-length. See Retry-After",
+    431: "headers_too_large: too many request headers, or too many bytes of them",
+    500: "internal_error: an unexpected failure; the error's request_id (also in X-Request-Id) "
+    "finds it in the gateway's log",
+    503: "the broker is unavailable, blocks publishing, or did not confirm in time "
+    "(broker_unavailable, broker_blocked, confirm_timeout, confirm_lost, topology_missing, "
+    "not_ready); the message says whether a message may be enqueued. Retry later",
+}
+_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
+_ERROR_HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": {"schema": {"type": "string"}}},
+    429: _RETRY_AFTER,
+    500: {"X-Request-Id": {"schema": {"type": "string"}}},
+    503: _RETRY_AFTER,
+}
+# Any operation can fail these ways; /v1/ operations by authentication and rate too, and those
+# with a body by its form.
+_ANY = (408, 431, 500)
+_V1 = (401, 429)
+_BODY = (400, 413, 415, 422)
+_QUEUE = {
+    "name": "queue",
+    "in": "path",
+    "required": True,
+    "description": "a logical queue of the topology, e.g. orders",
+    "schema": {"type": "string", "pattern": naming.NAME_PATTERN.pattern},
+}
+_DLQ_QUERY = [
+    {
+        "name": "limit",
+        "in": "query",
+        "description": "show at most this many dead letters",
+        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST},
+    },
+    {
+        "name": "reason",
+        "in": "query",
+        "description": "only dead letters whose reason contains this text",
+        "schema": {"type": "string", "maxLength": MAX_REASON},
+    },
+]
 
 
-def _errors(*statuses: int) -> dict[str, Any]:
-    return {str(status): {"description": "error", **_json(ErrorResponse)} for status in statuses}
-
-
-_QUEUE = {"name": "queue", "in": "path", "required": True, "schema": {"type": "string"}}
+def openapi_document(limits: ApiLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """The document for a deployment's limits, built on the first call for them and shared
+    afterwards (so never to be changed by a caller)."""
+    return _document(limits)
 
 
 @cache
-def openapi_document() -> dict[str, Any]:
-    _, schemas = models_json_schema(
-        [(model, "validation") for model in _MODELS], ref_template="#/components/schemas/{model}"
+def _document(limits: ApiLimits) -> dict[str, Any]:
+    # dlq_routes imports routes, which imports this module: its model is read when the
+    # document is first built. (As a request body, it belongs in gateway/schemas.py.)
+    from gateway.dlq_routes import ReplayRequest
+
+    def secured(
+        name: str,
+        summary: str,
+        scope: str | None,
+        ok: dict[str, Any],
+        errors: tuple[int, ...] = (403, 404, 503),
+        query: tuple[dict[str, Any], ...] = (),
+        body: str | None = None,
+        body_required: bool = True,
+    ) -> dict[str, Any]:
+        """A /v1/ operation on one queue (`scope` names the scope it needs), or on all of
+        them (`scope` None: any valid token)."""
+        needs = "any valid token" if scope is None else f"scope {scope}"
+        if scope is not None and scope != "admin":
+            needs += " (or the same action on *, or admin)"
+        operation: dict[str, Any] = {
+            "operationId": name,
+            "summary": summary,
+            "description": f"Needs {needs}.",
+            "security": [{"bearer": []}],
+        }
+        if scope is not None:
+            operation["parameters"] = [_QUEUE, *query]
+        if body is not None:
+            operation["requestBody"] = {"required": body_required, **_content(ref(body))}
+        statuses = (*errors, *_V1, *_ANY, *(_BODY if body is not None else ()))
+        operation["responses"] = ok | _errors(statuses, limits)
+        return operation
+
+    def public(
+        name: str, summary: str, ok: dict[str, Any], errors: tuple[int, ...] = ()
+    ) -> dict[str, Any]:
+        return {
+            "operationId": name,
+            "summary": summary,
+            "security": [],
+            "responses": ok | _errors((*errors, *_ANY), limits),
+        }
+
+    dlq = (403, 404, 409, 422, 503)
+    paths = {
+        "/v1/queues/{queue}/messages": {
+            "post": secured(
+                "publish",
+                "Publish one message; 201 once the broker confirmed it",
+                "publish:{queue}",
+                _ok("PublishedMessage", "confirmed by the broker", 201),
+                body="PublishRequest",
+            )
+        },
+        "/v1/queues/{queue}/messages/batch": {
+            "post": secured(
+                "publish_batch",
+                "Publish up to the batch limit; a result per message",
+                "publish:{queue}",
+                _ok("BatchResponse", "each message in `successful` or, with its error, `failed`"),
+                body="BatchRequest",
+            )
+        },
+        "/v1/queues": {
+            "get": secured(
+                "list_queues",
+                "The queues this token may publish to or read, with their bands",
+                None,
+                _ok("Queues"),
+                errors=(),
+            )
+        },
+        "/v1/queues/{queue}/stats": {
+            "get": secured(
+                "queue_stats",
+                "Per band ready, unacked and consumers; delayed and dead-lettered counts",
+                "read:{queue}",
+                _ok("QueueStats"),
+            )
+        },
+        "/v1/queues/{queue}/dlq": {
+            "get": secured(
+                "list_dead_letters",
+                "The queue's dead letters, oldest first, without removing them",
+                "admin",
+                _ok("DeadLetters"),
+                errors=dlq,
+                query=tuple(_DLQ_QUERY),
+            ),
+            "delete": secured(
+                "purge_dead_letters",
+                "Delete every dead letter of the queue",
+                "admin",
+                _ok("Purged"),
+                errors=dlq,
+            ),
+        },
+        "/v1/queues/{queue}/dlq/replay": {
+            "post": secured(
+                "replay_dead_letters",
+                "Republish dead letters to their original bands; without a body, all of them",
+                "admin",
+                _ok("Replayed"),
+                errors=dlq,
+                body="ReplayRequest",
+                body_required=False,
+            )
+        },
+        "/healthz": {"get": public("healthz", "The process is alive", _ok("Health"))},
+        "/readyz": {
+            "get": public(
+                "readyz", "Connected to the broker, topology present", _ok("Ready"), (503,)
+            )
+        },
+        "/metrics": {
+            "get": public(
+                "metrics",
+                "Prometheus metrics",
+                {
+                    "200": {
+                        "description": "Prometheus text format",
+                        **_content({"type": "string"}, "text/plain"),
+                    }
+                },
+            )
+        },
+        "/openapi.json": {
+            "get": public(
+                "openapi",
+                "This document",
+                {"200": {"description": "OK", **_content({"type": "object"})}},
+            )
+        },
+    }
+    schemas = component_schemas(
+        ReplayRequest,
+        max_batch_messages=limits.max_batch_messages,
+        max_delay_seconds=limits.max_delay_seconds,
     )
-    publish_errors = _errors(400, 404, 413, 415, 422, 503)
     return {
         "openapi": "3.1.0",
         "info": {"title": "bandgate", "version": "1"},
-        "paths": {
-            "/v1/queues/{queue}/messages": {
-                "post": {
-                    "summary": "Publish one message; 201 once the broker confirmed it",
-                    "parameters": [_QUEUE],
-                    "requestBody": {"required": True, **_json(PublishRequest)},
-                    "responses": {
-                        "201": {"description": "confirmed", **_json(PublishedMessage)},
-                        **publish_errors,
-                    },
-                }
-            },
-            "/v1/queues/{queue}/messages/batch": {
-                "post": {
-                    "summary": "Publish up to the batch limit; a result per message",
-                    "parameters": [_QUEUE],
-                    "requestBody": {"required": True, **_json(BatchRequest)},
-                    "responses": {
-                        "200": {"description": "per-message results", **_json(BatchResponse)},
-                        **publish_errors,
-                    },
-                }
-            },
-            "/v1/queues": {
-                "get": {
-                    "summary": "Queues with their bands",
-                    "responses": {"200": {"description": "queues"}},
-                }
-            },
-            "/v1/queues/{queue}/stats": {
-                "get": {
-                    "summary": "Per band ready, unacked and consumers; delayed and dead letters",
-                    "parameters": [_QUEUE],
-                    "responses": {"200": {"description": "stats"}, **_errors(404, 503)},
-                }
-            },
-            "/healthz": {"get": {"responses": {"200": {"description": "process alive"}}}},
-            "/readyz": {
-                "get": {
-                    "responses": {
-                        "200": {"description": "broker connected, topology present"},
-                        **_errors(503),
-                    }
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "an API token; its scopes decide what it may do: "
+                    "publish:<queue>, read:<queue> (* for any queue), admin (everything)",
                 }
             },
         },
-        "components": {"schemas": schemas.get("$defs", {})},
+    }
+
+
+def _content(schema: dict[str, Any], media_type: str = JSON) -> dict[str, Any]:
+    return {"content": {media_type: {"schema": schema}}}
+
+
+def _ok(schema: str, description: str = "OK", status: int = 200) -> dict[str, Any]:
+    return {str(status): {"description": description, **_content(ref(schema))}}
+
+
+def _errors(statuses: tuple[int, ...], limits: ApiLimits) -> dict[str, Any]:
+    return {
+        str(status): {
+            "description": ERRORS[status].format(max_body_bytes=limits.max_body_bytes),
+            **({"headers": _ERROR_HEADERS[status]} if status in _ERROR_HEADERS else {}),
+            **_content(ref("ErrorResponse")),
+        }
+        for status in sorted(set(statuses))
     }

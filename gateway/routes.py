@@ -15,7 +15,7 @@ from gateway.auth import Principal, authorize, charge
 from gateway.broker import BrokerLink
 from gateway.errors import ApiError, count_rejected
 from gateway.json_input import MalformedJson, parse_json
-from gateway.openapi import openapi_document
+from gateway.openapi import ApiLimits, openapi_document
 from gateway.publishing import (
     BrokerRejected,
     InvalidMessage,
@@ -213,7 +213,7 @@ async def metrics(request: Request) -> Response:
 
 
 async def openapi(request: Request) -> Response:
-    return json_response(openapi_document())
+    return json_response(openapi_document(ApiLimits.of(_settings(request), topology_of(request))))
 
 
 def routes() -> list[BaseRoute]:

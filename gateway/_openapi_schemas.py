@@ -1,0 +1,176 @@
+"""The OpenAPI document's schemas: the request and response models' JSON Schema, with what the
+handlers check on top of the models added, and the bodies that have no model yet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from gateway.schemas import (
+    HEADER_NAME,
+    INT64,
+    MAX_HEADER_VALUE,
+    MAX_HEADERS,
+    MAX_ID_BYTES,
+    MAX_ID_LENGTH,
+    BatchRequest,
+    BatchResponse,
+    ErrorResponse,
+    PublishedMessage,
+    PublishRequest,
+)
+from gateway.stats import QueueStats
+from topology.priority import ALIASES, MAX_PRIORITY, MIN_PRIORITY
+
+SCHEMAS = "#/components/schemas/"
+# gateway/json_input.py refuses integers outside this range with 400: nothing could carry them.
+JSON_INT_MIN = -(2**63)
+JSON_INT_MAX = 2**64 - 1
+# Control characters (Unicode Cc) and the line and paragraph separators. The gateway refuses
+# every character Python does not call printable, a set no portable pattern spells out.
+PRINTABLE = "^[^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]*$"
+
+
+def ref(name: str) -> dict[str, str]:
+    return {"$ref": SCHEMAS + name}
+
+
+def json_object(*required: str, **properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "required": list(required), "properties": properties}
+
+
+def component_schemas(
+    replay_request: type[BaseModel], *, max_batch_messages: int, max_delay_seconds: float | None
+) -> dict[str, dict[str, Any]]:
+    requests = (PublishRequest, BatchRequest, replay_request)
+    responses = (PublishedMessage, BatchResponse, ErrorResponse)
+    _, generated = models_json_schema(
+        [(model, "validation") for model in requests]
+        + [(model, "serialization") for model in responses],
+        ref_template=SCHEMAS + "{model}",
+    )
+    schemas: dict[str, dict[str, Any]] = generated["$defs"]
+    _refine_publish(schemas["PublishRequest"], max_delay_seconds)
+    schemas["BatchRequest"]["properties"]["messages"] |= {
+        "items": ref("PublishRequest"),
+        "minItems": 1,
+        "maxItems": max_batch_messages,
+    }
+    for model in requests:
+        _bound_integers(schemas[model.__name__])
+    return schemas | _UNMODELLED
+
+
+_STRING = {"type": "string"}
+_COUNT = {"type": "integer", "minimum": 0}
+# Bodies without a pydantic model: their required keys, and the types that matter to clients.
+_UNMODELLED: dict[str, dict[str, Any]] = {
+    # Any JSON value the gateway carries exactly. (A number written with a fraction or an
+    # exponent, such as 1.0 or 1e20, is a float to the gateway and is carried whatever its
+    # size; JSON Schema calls an integral one an integer, so the document leaves those out.)
+    "JsonValue": {
+        "description": "any JSON value; integers within [-2^63, 2^64), at most 254 levels deep",
+        "anyOf": [
+            {"type": ["null", "boolean", "string"]},
+            {"type": "integer", "minimum": JSON_INT_MIN, "maximum": JSON_INT_MAX},
+            {"type": "number", "not": {"type": "integer"}},
+            {"type": "array", "items": ref("JsonValue")},
+            {"type": "object", "additionalProperties": ref("JsonValue")},
+        ],
+    },
+    "Queues": json_object(
+        "queues",
+        queues={"type": "array", "items": json_object("name", "bands", name=_STRING)},
+    ),
+    # stats.py declares typing.TypedDicts, which pydantic reads on Python 3.12+ only.
+    "QueueStats": json_object(*sorted(QueueStats.__required_keys__)),
+    "DeadLetters": json_object(
+        "queue",
+        "count",
+        "messages",
+        queue=_STRING,
+        count=_COUNT,
+        messages={"type": "array", "items": json_object("message_id", "reason")},
+    ),
+    "Replayed": json_object(
+        *("queue", "examined", "replayed", "skipped", "kept", "error"),
+        queue=_STRING,
+        examined=_COUNT,
+        replayed=_COUNT,
+        skipped=_COUNT,
+        kept={"type": "array", "items": _STRING},
+        error={"type": ["string", "null"]},
+    ),
+    "Purged": json_object("queue", "purged", queue=_STRING, purged=_COUNT),
+    "Health": json_object("status", status={"const": "ok"}),
+    "Ready": json_object(
+        "status",
+        "broker_version",
+        status={"const": "ready"},
+        broker_version={"type": ["string", "null"]},
+    ),
+}
+
+
+def _refine_publish(schema: dict[str, Any], max_delay_seconds: float | None) -> None:
+    props = schema["properties"]
+    props["payload"]["$ref"] = SCHEMAS + "JsonValue"
+    props["priority"]["anyOf"] = [
+        {"type": "integer", "minimum": MIN_PRIORITY, "maximum": MAX_PRIORITY},
+        {"type": "string", "enum": list(ALIASES)},
+        {"type": "null"},
+    ]
+    if max_delay_seconds is not None:
+        _value(props["delay_seconds"])["maximum"] = max_delay_seconds
+    horizon = (
+        "the delay ladder's maximum" if max_delay_seconds is None else f"{max_delay_seconds:g} s"
+    )
+    props["deliver_at"]["description"] = (
+        "RFC 3339 date and time with an offset (e.g. 2030-01-01T12:00:00Z), at most nine "
+        f"fractional digits; deliver then. At most {horizon} ahead; a time past is due now."
+    )
+    headers = _value(props["headers"])
+    headers["maxProperties"] = MAX_HEADERS
+    # Names starting with x- belong to the broker and to bandgate.
+    headers["propertyNames"] = {"pattern": "^(?![xX]-)" + HEADER_NAME.pattern.removeprefix("^")}
+    for branch in headers["additionalProperties"]["anyOf"]:
+        if branch["type"] == "string":
+            branch["maxLength"] = MAX_HEADER_VALUE
+        elif branch["type"] == "integer":
+            branch["minimum"], branch["maximum"] = -INT64, INT64 - 1
+        elif branch["type"] == "number":
+            branch["not"] = {"type": "integer"}  # else 2^63 would be a valid number
+    _value(props["message_id"])["pattern"] = PRINTABLE
+    props["message_id"]["description"] = (
+        f"printable characters, at most {MAX_ID_LENGTH} of them and {MAX_ID_BYTES} bytes in "
+        "UTF-8, unique within a batch; a new id when omitted"
+    )
+    _value(props["partition_key"])["pattern"] = PRINTABLE
+    # delay_seconds and deliver_at exclude each other: one of them is absent or null.
+    schema["anyOf"] = [
+        {"properties": {"delay_seconds": {"type": "null"}}},
+        {"properties": {"deliver_at": {"type": "null"}}},
+    ]
+
+
+def _value(prop: dict[str, Any]) -> dict[str, Any]:
+    """The schema of an optional field's value: its branch of `anyOf` that is not null."""
+    branch: dict[str, Any] = next(b for b in prop["anyOf"] if b.get("type") != "null")
+    return branch
+
+
+def _bound_integers(schema: Any) -> None:
+    """Give every integer of a request body the range the gateway parses exactly (not under
+    `not`, where a range would let the integers outside it through)."""
+    if isinstance(schema, dict):
+        if schema.get("type") == "integer":
+            schema.setdefault("minimum", JSON_INT_MIN)
+            schema.setdefault("maximum", JSON_INT_MAX)
+        for key, value in schema.items():
+            if key != "not":
+                _bound_integers(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            _bound_integers(value)
