@@ -42,3 +42,19 @@ bench: setup broker
 
 clean:
 	rm -rf $(VENV) .bandgate .pytest_cache .mypy_cache .ruff_cache
+
+# Other RabbitMQ versions, run from Debian roots cached in .bandgate/roots/ (debootstrap as root,
+# 1-3 minutes each; 4.0 from trixie, 4.3 from sid):
+#   make broker-roots                    - build the roots of every version not installed here
+#   make broker-roots VERSIONS=4.3       - just one; add REBUILD=1 to fetch today's sid again
+#   make test-rabbitmq VERSION=4.3       - the whole suite against private nodes of that version
+#                                          (= BANDGATE_TEST_RABBITMQ=4.3 .venv/bin/pytest)
+.PHONY: broker-roots test-rabbitmq
+
+broker-roots: setup
+	$(BIN)/python -m tools.broker_roots $(if $(REBUILD),--rebuild) $(VERSIONS)
+
+test-rabbitmq: setup
+	@test -n "$(VERSION)" || { echo "usage: make test-rabbitmq VERSION=3.10|4.0|4.3"; exit 2; }
+	$(BIN)/python -m tools.broker_roots $(VERSION)
+	BANDGATE_TEST_RABBITMQ=$(VERSION) $(BIN)/pytest

@@ -1,7 +1,12 @@
-"""A private RabbitMQ node started from the locally installed `rabbitmq-server`.
+"""A private RabbitMQ node started from the locally installed `rabbitmq-server` (or a root).
 
 Used by `bandgate dev`, the test session and the benchmarks when no broker is configured:
 its own node name, ports, cookie and data directory, so it never touches a system broker.
+
+With `root` (default: `BANDGATE_RABBITMQ_ROOT`) the node runs another RabbitMQ version from a
+Debian root built by `tools/broker_roots.py`: the root's /usr and /etc are bound over the host's
+in a private mount namespace, so every other path (data, config, definitions files) means the
+same inside and out, and the binds vanish with the node's last process, even after a SIGKILL.
 """
 
 from __future__ import annotations
@@ -19,6 +24,11 @@ from pathlib import Path
 SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 CTL = Path("/usr/lib/rabbitmq/bin/rabbitmqctl")
 DEFAULT_PLUGINS = ("rabbitmq_management", "rabbitmq_consistent_hash_exchange")
+ROOT_ENV = "BANDGATE_RABBITMQ_ROOT"
+# `sh -c` body run in the new mount namespace: $0 is the root, "$@" the command to run in it.
+# /usr carries the root's programs and libraries (the host's /bin and /lib link into it), /etc
+# its dynamic-linker cache, alternatives and the copied hosts file.
+_IN_ROOT = 'mount --bind "$0/usr" /usr && mount --bind "$0/etc" /etc && exec "$@"'
 
 
 class LocalBrokerError(RuntimeError):
@@ -47,8 +57,15 @@ def port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def rabbitmq_installed() -> bool:
-    return SERVER.exists() and CTL.exists()
+def rabbitmq_installed(root: Path = Path("/")) -> bool:
+    return all((root / path.relative_to("/")).exists() for path in (SERVER, CTL))
+
+
+def configured_root() -> Path | None:
+    """The root named by `BANDGATE_RABBITMQ_ROOT`, read when a node is made: the test harness
+    sets it once, so that every node of the session (fault tests' own ones too) runs it."""
+    value = os.environ.get(ROOT_ENV)
+    return Path(value) if value else None
 
 
 @dataclass
@@ -60,8 +77,14 @@ class LocalBroker:
     amqp_port: int = field(default_factory=free_port)
     management_port: int = field(default_factory=free_port)
     dist_port: int = field(default_factory=free_port)
+    prometheus_port: int = field(default_factory=free_port)
     plugins: tuple[str, ...] = DEFAULT_PLUGINS
+    root: Path | None = field(default_factory=configured_root)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.root is not None:
+            self.root = self.root.resolve()  # the node runs in base_dir: a relative root breaks
 
     @property
     def node(self) -> str:
@@ -96,6 +119,26 @@ class LocalBroker:
         )
         return env
 
+    def _command(self, program: Path, *args: str) -> list[str]:
+        if self.root is None:
+            return [str(program), *args]
+        unshare = ["unshare", "--mount", "--propagation", "private", "--"]
+        return [*unshare, "/bin/sh", "-c", _IN_ROOT, str(self.root), str(program), *args]
+
+    def _check_installed(self) -> None:
+        if self.root is None:
+            if not rabbitmq_installed():
+                raise LocalBrokerError(
+                    f"{SERVER} not found: install RabbitMQ (apt-get install rabbitmq-server) "
+                    "or set BANDGATE_AMQP_URL to a broker"
+                )
+        elif not rabbitmq_installed(self.root):
+            raise LocalBrokerError(
+                f"no RabbitMQ in the root {self.root}: build it with `make broker-roots`"
+            )
+        elif not Path("/lib").is_symlink():
+            raise LocalBrokerError("running from a root needs a host with a merged /usr")
+
     def _write_config(self) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         (self.base_dir / "rabbitmq-env.conf").write_text("")
@@ -108,6 +151,12 @@ class LocalBroker:
                 f"management.tcp.port = {self.management_port}",
                 "management.tcp.ip = 127.0.0.1",
             ]
+        if "rabbitmq_prometheus" in self.plugins:
+            # Two nodes on the default 15692 make each other's boot crash.
+            lines += [
+                f"prometheus.tcp.port = {self.prometheus_port}",
+                "prometheus.tcp.ip = 127.0.0.1",
+            ]
         (self.base_dir / "rabbitmq.conf").write_text("\n".join(lines) + "\n")
         (self.base_dir / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
         cookie = self.base_dir / ".erlang.cookie"
@@ -116,18 +165,14 @@ class LocalBroker:
             cookie.chmod(0o400)
 
     def start(self, timeout: float = 90.0) -> LocalBroker:
-        if not rabbitmq_installed():
-            raise LocalBrokerError(
-                f"{SERVER} not found: install RabbitMQ (apt-get install rabbitmq-server) "
-                "or set BANDGATE_AMQP_URL to a broker"
-            )
+        self._check_installed()
         for port in (self.amqp_port, self.management_port, self.dist_port):
             if port_open(port):
                 raise LocalBrokerError(f"port {port} is already in use on 127.0.0.1")
         self._write_config()
         log = self.log_file.open("ab")
         self.process = subprocess.Popen(
-            [str(SERVER)],
+            self._command(SERVER),
             env=self._env(),
             cwd=self.base_dir,
             stdout=log,
@@ -160,7 +205,7 @@ class LocalBroker:
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
         """Run rabbitmqctl against this node."""
         result = subprocess.run(
-            [str(CTL), "-n", self.node, *args],
+            self._command(CTL, "-n", self.node, *args),
             env=self._env(),
             cwd=self.base_dir,
             capture_output=True,
@@ -202,3 +247,12 @@ class LocalBroker:
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(30)
         self.process = None
+        _wait_closed((self.amqp_port, self.management_port, self.dist_port), 30)
+
+
+def _wait_closed(ports: tuple[int, ...], timeout: float) -> None:
+    """The script that `wait()` reaps dies before the Erlang VM: a `start()` right after a
+    kill found the VM's ports still open for a few milliseconds."""
+    deadline = time.monotonic() + timeout
+    while any(port_open(port) for port in ports) and time.monotonic() < deadline:
+        time.sleep(0.01)

@@ -1,4 +1,9 @@
-"""The test session's RabbitMQ: a configured one, or a private node started for the session."""
+"""The test session's RabbitMQ: a configured one, or a private node started for the session.
+
+`BANDGATE_TEST_RABBITMQ=3.10|4.0|4.3` picks the version of every private node the tests start
+(default: the installed `rabbitmq-server`); other versions run from Debian roots cached under
+`.bandgate/roots/` (tools/broker_roots.py builds a missing one first, one to three minutes).
+"""
 
 from __future__ import annotations
 
@@ -12,11 +17,31 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
-from gateway.local_broker import LocalBroker, rabbitmq_installed
+from gateway.local_broker import ROOT_ENV, LocalBroker, rabbitmq_installed
+from tools import broker_roots
 from topology.management import split_credentials
 
 AMQP_ENV = "BANDGATE_TEST_AMQP_URL"
 MANAGEMENT_ENV = "BANDGATE_TEST_MANAGEMENT_URL"
+VERSION_ENV = "BANDGATE_TEST_RABBITMQ"
+
+
+def select_rabbitmq() -> Path | None:
+    """Point `BANDGATE_RABBITMQ_ROOT` at the chosen version's root (None: the installed server),
+    so that every LocalBroker of this process and of its child processes runs that version;
+    this setting alone decides it, whatever a developer exported for `bandgate dev`."""
+    version = os.environ.get(VERSION_ENV)
+    root = broker_roots.root_for(version) if version else None
+    if root is None:
+        os.environ.pop(ROOT_ENV, None)
+    else:
+        os.environ[ROOT_ENV] = str(root)
+    return root
+
+
+# Done on import: the root conftest imports this module before any fixture runs, and fault tests
+# build their own LocalBroker without asking the session for anything.
+select_rabbitmq()
 
 
 @dataclass(frozen=True)
@@ -56,14 +81,14 @@ class TestBroker:
 
 @contextmanager
 def session_broker(tmp_dir: Path) -> Iterator[TestBroker]:
-    """`BANDGATE_TEST_AMQP_URL` when set; else a private node from the installed
-    `rabbitmq-server`; else, where a Docker engine answers, a RabbitMQ container."""
+    """`BANDGATE_TEST_AMQP_URL` when set; else a private node of the selected version;
+    else, where a Docker engine answers, a RabbitMQ container."""
     url = os.environ.get(AMQP_ENV)
     if url:
         host = urlsplit(url).hostname or "127.0.0.1"
         yield TestBroker(url, os.environ.get(MANAGEMENT_ENV, f"http://guest:guest@{host}:15672"))
         return
-    if not rabbitmq_installed() and docker_available():
+    if not rabbitmq_installed() and ROOT_ENV not in os.environ and docker_available():
         with container_broker() as broker:
             yield broker
         return

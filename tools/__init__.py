@@ -1,0 +1,1 @@
+"""Developer and test tooling: never imported by the gateway, the consumers or the topology."""
