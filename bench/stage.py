@@ -36,16 +36,18 @@ async def reset_bands(broker: BenchBroker) -> list[str]:
 
 @contextmanager
 def gateway_process(broker: BenchBroker) -> Iterator[tuple[int, int]]:
-    """A gateway (uvicorn, one process, no access log, auth off) on a free port: port and pid."""
+    """A gateway as deployed (`bandgate gateway`: uvicorn with the gateway's HTTP limits, one
+    process), with no access log and auth off, on a free port: port and pid."""
     port = free_port()
     env = {
         **os.environ,
         "BANDGATE_AMQP_URL": broker.amqp_url,
         "BANDGATE_DECLARE_TOPOLOGY": "false",
         "BANDGATE_AUTH_ENABLED": "false",
+        "BANDGATE_ACCESS_LOG": "false",
+        "BANDGATE_PORT": str(port),
     }
-    command = [sys.executable, "-m", "uvicorn", "gateway.app:create_app", "--factory"]
-    command += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
+    command = [sys.executable, "-c", "from gateway.cli import main; main()", "gateway"]
     process = subprocess.Popen(command, env=env)
     try:
         yield port, process.pid

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import aio_pika
 import aiormq
@@ -363,9 +363,9 @@ class Publisher:
         raise exc
 
 
-@dataclass(frozen=True, slots=True)
-class _Outgoing:
-    """A message routed and encoded, ready to send."""
+class _Outgoing(NamedTuple):
+    """A message routed and encoded, ready to send (a tuple: made once per message, it costs
+    a third of a frozen dataclass)."""
 
     envelope: Envelope
     exchange: str
