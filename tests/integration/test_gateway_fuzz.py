@@ -4,8 +4,6 @@ enqueued except what was answered 201 (or listed as successful in a batch)."""
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,14 +11,13 @@ import aio_pika
 import httpx
 import orjson
 import pytest
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.app import create_app
 from gateway.local_broker import free_port
 from gateway.settings import GatewaySettings
 from tests.integration.conftest import queue_depths
+from tests.integration.live_gateway import LiveGateway
 from topology.model import Topology
 
 pytestmark = pytest.mark.integration
@@ -82,34 +79,6 @@ paths = st.sampled_from(
 content_types = st.sampled_from(
     ["application/json"] * 6 + ["application/json; charset=utf-8", "text/plain", ""]
 )
-
-
-class LiveGateway:
-    """The gateway served by uvicorn in a thread, on a real port."""
-
-    def __init__(self, settings: GatewaySettings, topology: Topology) -> None:
-        config = uvicorn.Config(
-            create_app(settings, topology), port=settings.port, log_level="warning"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.url = f"http://127.0.0.1:{settings.port}"
-
-    def __enter__(self) -> LiveGateway:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/readyz").status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("the gateway did not become ready")
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 @pytest.fixture

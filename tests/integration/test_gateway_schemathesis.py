@@ -23,7 +23,6 @@ premise fails says so instead of miscounting.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import zlib
 from collections import Counter
@@ -32,20 +31,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
-import httpx
 import pytest
 import schemathesis
-import uvicorn
 from schemathesis import AuthContext, BaseSchema, Case, HookContext, Response
 from schemathesis.engine import Status, events, from_schema
 
-from gateway.app import create_app
 from gateway.auth import TokenSpec, hash_token
-from gateway.http_server import server_options
 from gateway.local_broker import free_port
 from gateway.openapi import ApiLimits, openapi_document
 from gateway.settings import GatewaySettings
 from tests.integration.conftest import queue_depths
+from tests.integration.live_gateway import LiveGateway
 from topology import naming
 from topology.model import Topology
 
@@ -103,33 +99,6 @@ class Callers:
 
     def set(self, case: Case[Any], data: str, ctx: AuthContext) -> None:
         case.headers["Authorization"] = f"Bearer {data}"
-
-
-class LiveGateway:
-    """The gateway as `bandgate gateway` serves it (uvicorn with the gateway's HTTP limits),
-    in a thread, on a port of its own."""
-
-    def __init__(self, settings: GatewaySettings, topology: Topology) -> None:
-        options = server_options(settings) | {"log_level": "warning"}
-        self.server = uvicorn.Server(uvicorn.Config(create_app(settings, topology), **options))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.url = f"http://{settings.host}:{settings.port}"
-
-    def __enter__(self) -> LiveGateway:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/readyz").status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("the gateway did not become ready")
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
 
 
 @pytest.fixture

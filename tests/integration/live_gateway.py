@@ -1,0 +1,41 @@
+"""The gateway served for real, on a port, for tests that need a socket (fuzzers)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import uvicorn
+
+from gateway.app import create_app
+from gateway.http_server import server_options
+from gateway.settings import GatewaySettings
+from topology.model import Topology
+
+
+class LiveGateway:
+    """The gateway as `bandgate gateway` serves it (uvicorn with the gateway's HTTP limits),
+    in a thread, on a port of its own."""
+
+    def __init__(self, settings: GatewaySettings, topology: Topology) -> None:
+        options = server_options(settings) | {"log_level": "warning"}
+        self.server = uvicorn.Server(uvicorn.Config(create_app(settings, topology), **options))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://{settings.host}:{settings.port}"
+
+    def __enter__(self) -> LiveGateway:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/readyz").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("the gateway did not become ready")
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
