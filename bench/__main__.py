@@ -60,10 +60,15 @@ def main() -> None:
     # Raw publishing is timed over this many messages: 20,000 take about 2 s, against the
     # gateway's 5 s of wrk; 5,000 (0.5 s) let one broker stall swing a round's ratio.
     parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument(
+        "--rabbitmq",
+        choices=["3.10", "4.0", "4.3"],
+        help="run the private node of this RabbitMQ version (default: the installed one)",
+    )
     args = parser.parse_args()
     chosen = list(BENCHMARKS) if args.which == "all" else [args.which]
     results: dict[str, list[dict[str, Any]]] = {}
-    with bench_broker() as broker:
+    with bench_broker(args.rabbitmq) as broker:
         for name in chosen:
             results[name] = BENCHMARKS[name](broker, args)
             print(table(name, results[name]), end="\n\n", flush=True)
@@ -72,7 +77,8 @@ def main() -> None:
         "date": stamp,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
         "broker": f"RabbitMQ {broker.version}",
-        "command": f"python -m bench {args.which}",
+        "command": f"python -m bench {args.which}"
+        + (f" --rabbitmq {args.rabbitmq}" if args.rabbitmq else ""),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{args.which}-{stamp.replace(':', '')}.json"

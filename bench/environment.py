@@ -12,7 +12,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.local_broker import LocalBroker
+from gateway.local_broker import LocalBroker, configured_root
+from tools.broker_roots import root_for
 
 
 @dataclass
@@ -23,13 +24,16 @@ class BenchBroker:
 
 
 @contextmanager
-def bench_broker() -> Iterator[BenchBroker]:
+def bench_broker(version: str | None = None) -> Iterator[BenchBroker]:
+    """`BANDGATE_BENCH_AMQP_URL`, or a private node: of `version` (3.10, 4.0, 4.3; from a
+    Debian root of `tools.broker_roots`, built when missing) or the installed one."""
     url = os.environ.get("BANDGATE_BENCH_AMQP_URL")
     if url:
         yield BenchBroker(url, None)
         return
+    root = root_for(version) if version else configured_root()
     with tempfile.TemporaryDirectory(prefix="bandgate-bench-") as tmp:
-        node = LocalBroker(Path(tmp), name="bandgate-bench", plugins=())
+        node = LocalBroker(Path(tmp), name="bandgate-bench", plugins=(), root=root)
         node.start()
         try:
             assert node.process is not None
