@@ -27,14 +27,14 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from bandgate.consumers.dispatch import default_prefetch
+from bandgate.topology import naming, wire
+from bandgate.topology.loader import load_topology
 from bench.environment import BenchBroker, wait_for_quiet
 from bench.raw_amqp import fill
 from bench.rounds import ROUNDS, median_run, paired_ratios
 from bench.stage import reset_bands
 from bench.worker_process import WorkerConfig, WorkerProcess
-from consumers.dispatch import default_prefetch
-from topology import naming, wire
-from topology.loader import load_topology
 
 MESSAGES = 20_000
 WARMUP = 1_000

@@ -20,14 +20,14 @@ from typing import Any
 import aio_pika
 import orjson
 
+from bandgate.core.publishing import ChannelSet, Publisher, confirm_channel_factory
+from bandgate.topology import naming, wire
+from bandgate.topology.loader import load_topology
+from bandgate.topology.wire import Envelope
 from bench.environment import BenchBroker, cpu_seconds
 from bench.paced_publisher import PacedConfig, PacedPublisher
 from bench.stage import reset_bands
 from bench.worker_process import WorkerConfig, WorkerProcess
-from gateway.publishing import ChannelSet, Publisher, confirm_channel_factory
-from topology import naming, wire
-from topology.loader import load_topology
-from topology.wire import Envelope
 
 DELAYED = 300
 SPREAD_SECONDS = (1.0, 30.0)

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.local_broker import LocalBroker, configured_root
+from bandgate.ops.local_broker import LocalBroker, configured_root
 from tools.broker_roots import root_for
 
 

@@ -19,14 +19,14 @@ from typing import Any
 import aio_pika
 import orjson
 
+from bandgate.topology import naming, wire
+from bandgate.topology.declare import apply_topology, broker_version
+from bandgate.topology.loader import load_topology
 from bench.environment import BenchBroker, rss_kib
 from bench.http_client import RawHttp
 from bench.raw_amqp import fill
 from bench.stage import gateway_process
 from bench.worker_process import WorkerConfig, WorkerProcess
-from topology import naming, wire
-from topology.declare import apply_topology, broker_version
-from topology.loader import load_topology
 
 SMALL = 10_000
 LARGE = 100_000

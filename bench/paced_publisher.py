@@ -24,9 +24,9 @@ from types import TracebackType
 
 import orjson
 
+from bandgate.topology import wire
 from bench.environment import wait_for_line
 from bench.raw_amqp import RawPublisher, message_ids
-from topology import wire
 
 FILLER = "x" * 940  # with the other fields, about 1 KiB on the wire
 

@@ -41,14 +41,14 @@ from typing import Any
 import aio_pika
 from pamqp.common import Arguments
 
+from bandgate.topology import naming, wire
+from bandgate.topology.loader import load_topology
 from bench.environment import BenchBroker, cpu_seconds, machine_busy_seconds, wait_for_quiet
 from bench.paced_publisher import PacedConfig, PacedPublisher
 from bench.raw_amqp import fill
 from bench.rounds import ROUNDS, median_run
 from bench.stage import reset_bands
 from bench.worker_process import WorkerConfig, WorkerProcess
-from topology import naming, wire
-from topology.loader import load_topology
 
 BACKLOG = 50_000
 CONCURRENCY = 16

@@ -24,13 +24,13 @@ import aio_pika
 import httpx
 import orjson
 
+from bandgate.topology import naming
+from bandgate.topology.declare import apply_topology, broker_version
+from bandgate.topology.loader import load_topology
 from bench.environment import BenchBroker, cpu_seconds
 from bench.http_client import RawHttp
 from bench.rounds import ROUNDS, median_run, paired_ratios, with_median
 from bench.stage import gateway_process
-from topology import naming
-from topology.declare import apply_topology, broker_version
-from topology.loader import load_topology
 
 WINDOW = 64
 BATCH = 100

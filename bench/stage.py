@@ -10,11 +10,11 @@ from contextlib import contextmanager
 
 import aio_pika
 
+from bandgate.ops.local_broker import free_port
+from bandgate.topology import naming
+from bandgate.topology.declare import apply_topology, broker_version
+from bandgate.topology.loader import load_topology
 from bench.environment import BenchBroker
-from gateway.local_broker import free_port
-from topology import naming
-from topology.declare import apply_topology, broker_version
-from topology.loader import load_topology
 
 QUEUE = "orders"
 
@@ -47,7 +47,7 @@ def gateway_process(broker: BenchBroker) -> Iterator[tuple[int, int]]:
         "BANDGATE_ACCESS_LOG": "false",
         "BANDGATE_PORT": str(port),
     }
-    command = [sys.executable, "-c", "from gateway.cli import main; main()", "gateway"]
+    command = [sys.executable, "-c", "from bandgate.ops.cli import main; main()", "gateway"]
     process = subprocess.Popen(command, env=env)
     try:
         yield port, process.pid

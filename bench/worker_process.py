@@ -35,8 +35,8 @@ from typing import Any, Literal
 import aio_pika
 import orjson
 
+from bandgate.consumers.worker import run_on_event_loop
 from bench.environment import cpu_seconds, machine_busy_seconds, wait_for_line
-from consumers.worker import run_on_event_loop
 
 Kind = Literal["bandgate", "plain"]
 
@@ -103,9 +103,9 @@ class Recorder:
 
 
 async def run_bandgate(config: WorkerConfig, recorder: Recorder) -> None:
-    from consumers import ConsumerApp, Message
-    from consumers.settings import WorkerSettings
-    from consumers.worker import Worker
+    from bandgate.consumers import ConsumerApp, Message
+    from bandgate.consumers.settings import WorkerSettings
+    from bandgate.consumers.worker import Worker
 
     settings = WorkerSettings(
         amqp_url=config.amqp_url, declare_topology=False, shutdown_grace_seconds=2.0

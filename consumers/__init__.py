@@ -1,7 +1,7 @@
 """The bandgate consumer library: handlers for priority-banded queues, drained hot first.
 
 ```python
-from consumers import ConsumerApp, Message, Retry, Reject
+from bandgate.consumers import ConsumerApp, Message, Retry, Reject
 
 app = ConsumerApp()
 
@@ -11,8 +11,8 @@ async def handle(msg: Message) -> None: ...
 Run it with `bandgate worker module:app`.
 """
 
-from consumers.app import ConsumerApp
-from consumers.errors import Reject, Retry
-from consumers.message import Message
+from bandgate.consumers.app import ConsumerApp
+from bandgate.consumers.errors import Reject, Retry
+from bandgate.consumers.message import Message
 
 __all__ = ["ConsumerApp", "Message", "Reject", "Retry"]

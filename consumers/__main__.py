@@ -1,5 +1,5 @@
-"""`python -m consumers module:app`: the `bandgate worker` command on its own."""
+"""`python -m bandgate.consumers module:app`: the `bandgate worker` command on its own."""
 
-from consumers.cli import main
+from bandgate.consumers.cli import main
 
 main()

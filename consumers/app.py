@@ -11,12 +11,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from consumers.dispatch import PolicyName
-from consumers.errors import ConfigurationError
-from consumers.invoke import Handler, is_async
-from consumers.options import DEFAULT_CONCURRENCY, ConsumerOptions, check_options
-from consumers.settings import WorkerSettings
-from topology.model import QueueSpec, Topology
+from bandgate.consumers.dispatch import PolicyName
+from bandgate.consumers.errors import ConfigurationError
+from bandgate.consumers.invoke import Handler, is_async
+from bandgate.consumers.options import DEFAULT_CONCURRENCY, ConsumerOptions, check_options
+from bandgate.consumers.settings import WorkerSettings
+from bandgate.topology.model import QueueSpec, Topology
 
 HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
 
@@ -132,6 +132,6 @@ class ConsumerApp:
     def run(self, *, concurrency: int | None = None) -> None:
         """Run a worker for every consumer until SIGTERM or SIGINT (blocks)."""
         # The worker needs aio-pika's runtime; import late.
-        from consumers.worker import Worker, run_until_stopped
+        from bandgate.consumers.worker import Worker, run_until_stopped
 
         run_until_stopped(Worker(self, concurrency=concurrency))

@@ -29,7 +29,7 @@ import contextlib
 import logging
 import time
 
-from consumers.subscription import OnDelivery, Subscription
+from bandgate.consumers.subscription import OnDelivery, Subscription
 
 log = logging.getLogger(__name__)
 

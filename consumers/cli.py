@@ -1,7 +1,7 @@
 """`bandgate worker module:app`: load an app by name and run its worker.
 
 `worker` is a plain function with typer parameters, registered by `gateway/cli.py` as the
-`bandgate worker` command; `python -m consumers` runs it on its own.
+`bandgate worker` command; `python -m bandgate.consumers` runs it on its own.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Annotated
 
 import typer
 
-from consumers.app import ConsumerApp
-from consumers.errors import ConsumerError
-from consumers.worker import Worker, run_on_event_loop
-from topology.loader import TopologyError
+from bandgate.consumers.app import ConsumerApp
+from bandgate.consumers.errors import ConsumerError
+from bandgate.consumers.worker import Worker, run_on_event_loop
+from bandgate.topology.loader import TopologyError
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from consumers.errors import TimeLimitExceeded
-from consumers.message import Message
+from bandgate.consumers.errors import TimeLimitExceeded
+from bandgate.consumers.message import Message
 
 log = logging.getLogger(__name__)
 

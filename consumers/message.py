@@ -14,11 +14,11 @@ from typing import Any
 
 import orjson
 
-from consumers.errors import MalformedMessage
-from consumers.incoming import Delivered
-from topology import wire
-from topology.model import Band, QueueSpec
-from topology.priority import MAX_PRIORITY, MIN_PRIORITY
+from bandgate.consumers.errors import MalformedMessage
+from bandgate.consumers.incoming import Delivered
+from bandgate.topology import wire
+from bandgate.topology.model import Band, QueueSpec
+from bandgate.topology.priority import MAX_PRIORITY, MIN_PRIORITY
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,9 +12,9 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
-from consumers.dispatch import POLICIES, PolicyName, default_prefetch, shard_prefetch
-from consumers.errors import ConfigurationError
-from topology.model import QueueSpec, RetryPolicy, Topology, UnknownQueueError
+from bandgate.consumers.dispatch import POLICIES, PolicyName, default_prefetch, shard_prefetch
+from bandgate.consumers.errors import ConfigurationError
+from bandgate.topology.model import QueueSpec, RetryPolicy, Topology, UnknownQueueError
 
 DEFAULT_CONCURRENCY = 8
 

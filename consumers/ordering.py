@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import random
 
-from consumers.errors import Retry
-from consumers.message import Message
-from consumers.outcome import (
+from bandgate.consumers.errors import Retry
+from bandgate.consumers.message import Message
+from bandgate.consumers.outcome import (
     DeadLetter,
     Outcome,
     RetryLater,
@@ -30,7 +30,7 @@ from consumers.outcome import (
     backoff_delay,
     describe,
 )
-from topology.model import FailureStrategy, RetryPolicy
+from bandgate.topology.model import FailureStrategy, RetryPolicy
 
 
 def ordered_outcome(

@@ -10,9 +10,9 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-from consumers.errors import MalformedMessage, Reject, Retry
-from consumers.message import Message
-from topology.model import RetryPolicy
+from bandgate.consumers.errors import MalformedMessage, Reject, Retry
+from bandgate.consumers.message import Message
+from bandgate.topology.model import RetryPolicy
 
 # A reason longer than this is cut: it travels in an AMQP header and shows in the UI.
 MAX_REASON_CHARS = 1000

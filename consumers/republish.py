@@ -15,43 +15,19 @@ from typing import Any
 
 import aio_pika
 
-from consumers.message import Message
-from consumers.outcome import DeadLetter, RetryLater
-from topology import wire
-from topology.model import Band
-from topology.wire import (
+from bandgate.consumers.message import Message
+from bandgate.consumers.outcome import DeadLetter, RetryLater
+from bandgate.topology import wire
+from bandgate.topology.model import Band
+from bandgate.topology.wire import (
     ATTEMPTS,
-    DELIVERY_COUNT,
     FAILED_AT,
     FAILURE_CAUSE,
     FAILURE_REASON,
     FAILURE_TYPE,
     ORIGINAL_BAND,
     RETRY_REASON,
-)
-
-DEAD_LETTER_HEADERS = (
-    FAILURE_REASON,
-    FAILURE_CAUSE,
-    FAILURE_TYPE,
-    ATTEMPTS,
-    ORIGINAL_BAND,
-    FAILED_AT,
-    RETRY_REASON,
-)
-
-# Headers `wire.encode` writes from the envelope, and those that describe one delivery only.
-_REWRITTEN = frozenset(
-    (
-        wire.ENQUEUED_AT,
-        wire.DELIVER_AT,
-        wire.PARTITION_KEY,
-        wire.ATTEMPT,
-        wire.QUEUE,
-        DELIVERY_COUNT,
-        *wire.BROKER_DEATH_HEADERS,
-        *DEAD_LETTER_HEADERS,
-    )
+    carried_headers,
 )
 
 
@@ -63,11 +39,6 @@ class _Copy(wire.Envelope):
 
     def body(self) -> bytes:
         return self.raw_body
-
-
-def carried_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The headers a copy keeps: the producer's, trace context, anything not per-delivery."""
-    return {name: value for name, value in (headers or {}).items() if name not in _REWRITTEN}
 
 
 def retry_envelope(

@@ -29,16 +29,16 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import ChannelInvalidStateError
 from opentelemetry import trace
 
-from consumers.app import Consumer
-from consumers.balance import WorkersQueue, surplus
-from consumers.boost import ColdBoost
-from consumers.dispatch import Dispatcher, DispatcherClosed, make_policy, shard_prefetch
-from consumers.errors import MalformedMessage, Reject, Retry
-from consumers.incoming import Delivered
-from consumers.invoke import invoke
-from consumers.message import Message, read_message
-from consumers.ordering import ordered_outcome
-from consumers.outcome import (
+from bandgate.consumers.app import Consumer
+from bandgate.consumers.balance import WorkersQueue, surplus
+from bandgate.consumers.boost import ColdBoost
+from bandgate.consumers.dispatch import Dispatcher, DispatcherClosed, make_policy, shard_prefetch
+from bandgate.consumers.errors import MalformedMessage, Reject, Retry
+from bandgate.consumers.incoming import Delivered
+from bandgate.consumers.invoke import invoke
+from bandgate.consumers.message import Message, read_message
+from bandgate.consumers.ordering import ordered_outcome
+from bandgate.consumers.outcome import (
     Ack,
     DeadLetter,
     Outcome,
@@ -47,11 +47,11 @@ from consumers.outcome import (
     before_handler,
     describe,
 )
-from consumers.settle import Settler
-from consumers.subscription import OnDelivery, Subscription
-from consumers.telemetry import ConsumerTelemetry, outcome_name
-from topology import naming, wire
-from topology.model import Band
+from bandgate.consumers.settle import Settler
+from bandgate.consumers.subscription import OnDelivery, Subscription
+from bandgate.consumers.telemetry import ConsumerTelemetry, outcome_name
+from bandgate.topology import naming, wire
+from bandgate.topology.model import Band
 
 log = logging.getLogger(__name__)
 

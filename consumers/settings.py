@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from topology import naming
-from topology.settings import BrokerSettings
+from bandgate.topology import naming
+from bandgate.topology.settings import BrokerSettings
 
 EventLoopName = Literal["auto", "uvloop", "asyncio"]
 

@@ -15,14 +15,14 @@ from datetime import datetime
 import aiormq
 from aio_pika.exceptions import ChannelInvalidStateError, MessageProcessError
 
-from consumers.acks import AckWriter
-from consumers.incoming import Delivered
-from consumers.message import Message
-from consumers.outcome import Ack, DeadLetter, Outcome, RetryLater
-from consumers.republish import dead_letter_message, retry_envelope
-from gateway.publishing import Publisher, PublishFailure
-from topology import wire
-from topology.model import Band
+from bandgate.consumers.acks import AckWriter
+from bandgate.consumers.incoming import Delivered
+from bandgate.consumers.message import Message
+from bandgate.consumers.outcome import Ack, DeadLetter, Outcome, RetryLater
+from bandgate.consumers.republish import dead_letter_message, retry_envelope
+from bandgate.core.publishing import Publisher, PublishFailure
+from bandgate.topology import wire
+from bandgate.topology.model import Band
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Any
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustChannel
 from aiormq.abc import DeliveredMessage
 
-from consumers.incoming import Incoming
+from bandgate.consumers.incoming import Incoming
 
 log = logging.getLogger(__name__)
 

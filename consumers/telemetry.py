@@ -14,10 +14,10 @@ from typing import Any
 
 from opentelemetry import trace
 
-from consumers.message import Message
-from consumers.outcome import Ack, DeadLetter, Outcome, RetryLater
-from gateway.telemetry import Telemetry, extract_context
-from topology import wire
+from bandgate.consumers.message import Message
+from bandgate.consumers.outcome import Ack, DeadLetter, Outcome, RetryLater
+from bandgate.core.telemetry import Telemetry, extract_context
+from bandgate.topology import wire
 
 _NO_SPAN = nullcontext(trace.INVALID_SPAN)
 

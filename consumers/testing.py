@@ -6,7 +6,7 @@ the worker would (sync handlers in a thread, the time limit, the retry policy) a
 outcome the worker would settle: `Ack()`, `RetryLater(...)` or `DeadLetter(...)`.
 
 ```python
-from consumers.testing import Ack, DeadLetter, deliver, make_message
+from bandgate.consumers.testing import Ack, DeadLetter, deliver, make_message
 
 async def test_order_without_id_is_rejected() -> None:
     outcome = await deliver(app, make_message({"sku": "A-1"}, queue="orders"))
@@ -21,14 +21,21 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from consumers.app import ConsumerApp
-from consumers.invoke import invoke
-from consumers.message import Message
-from consumers.ordering import ordered_outcome
-from consumers.outcome import Ack, DeadLetter, Outcome, RetryLater, after_handler, before_handler
-from topology import wire
-from topology.model import QueueSpec, Topology
-from topology.priority import DEFAULT_PRIORITY
+from bandgate.consumers.app import ConsumerApp
+from bandgate.consumers.invoke import invoke
+from bandgate.consumers.message import Message
+from bandgate.consumers.ordering import ordered_outcome
+from bandgate.consumers.outcome import (
+    Ack,
+    DeadLetter,
+    Outcome,
+    RetryLater,
+    after_handler,
+    before_handler,
+)
+from bandgate.topology import wire
+from bandgate.topology.model import QueueSpec, Topology
+from bandgate.topology.priority import DEFAULT_PRIORITY
 
 
 def make_message(

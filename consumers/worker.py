@@ -20,19 +20,19 @@ import aio_pika
 from aio_pika.abc import AbstractRobustConnection
 from prometheus_client import start_http_server
 
-from consumers.app import ConsumerApp
-from consumers.errors import ConsumerError
-from consumers.runner import ConsumerRunner
-from consumers.settings import EventLoopName, WorkerSettings
-from consumers.settle import Settler
-from consumers.telemetry import ConsumerTelemetry
-from gateway.heap import settle_heap
-from gateway.publishing import ChannelSet, Publisher, confirm_channel_factory
-from gateway.telemetry import Telemetry
-from topology.declare import apply_topology
-from topology.doctor import check_broker, log_report
-from topology.management import vhost_of
-from topology.model import Topology
+from bandgate.consumers.app import ConsumerApp
+from bandgate.consumers.errors import ConsumerError
+from bandgate.consumers.runner import ConsumerRunner
+from bandgate.consumers.settings import EventLoopName, WorkerSettings
+from bandgate.consumers.settle import Settler
+from bandgate.consumers.telemetry import ConsumerTelemetry
+from bandgate.core.heap import settle_heap
+from bandgate.core.publishing import ChannelSet, Publisher, confirm_channel_factory
+from bandgate.core.telemetry import Telemetry
+from bandgate.topology.declare import apply_topology
+from bandgate.topology.doctor import check_broker, log_report
+from bandgate.topology.management import vhost_of
+from bandgate.topology.model import Topology
 
 log = logging.getLogger(__name__)
 

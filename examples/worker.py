@@ -10,7 +10,7 @@ import asyncio
 import logging
 from typing import Any
 
-from consumers import ConsumerApp, Message, Reject, Retry
+from bandgate.consumers import ConsumerApp, Message, Reject, Retry
 
 log = logging.getLogger(__name__)
 

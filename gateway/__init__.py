@@ -1,1 +1,1 @@
-"""The bandgate HTTP gateway and publishing core."""
+"""The bandgate HTTP gateway (Starlette + uvicorn): routes, schemas, auth, limits."""

@@ -8,7 +8,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from gateway.schemas import (
+from bandgate.core.queue_stats import QueueStats
+from bandgate.gateway.schemas import (
     HEADER_NAME,
     INT64,
     MAX_HEADER_VALUE,
@@ -21,8 +22,7 @@ from gateway.schemas import (
     PublishedMessage,
     PublishRequest,
 )
-from gateway.stats import QueueStats
-from topology.priority import ALIASES, MAX_PRIORITY, MIN_PRIORITY
+from bandgate.topology.priority import ALIASES, MAX_PRIORITY, MIN_PRIORITY
 
 SCHEMAS = "#/components/schemas/"
 # gateway/json_input.py refuses integers outside this range with 400: nothing could carry them.

@@ -11,16 +11,16 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 
-from gateway.auth import Authenticator, AuthMiddleware
-from gateway.broker import BrokerLink
-from gateway.dlq_routes import dlq_routes, finish_dead_letter_work
-from gateway.errors import ApiError, api_error_handler, http_error_handler
-from gateway.heap import settle_heap
-from gateway.middleware import BodyLimitMiddleware, ErrorBoundary
-from gateway.routes import routes
-from gateway.settings import GatewaySettings
-from gateway.telemetry import Telemetry
-from topology.model import Topology
+from bandgate.core.broker import BrokerLink
+from bandgate.core.heap import settle_heap
+from bandgate.core.telemetry import Telemetry
+from bandgate.gateway.auth import Authenticator, AuthMiddleware
+from bandgate.gateway.dlq_routes import dlq_routes, finish_dead_letter_work
+from bandgate.gateway.errors import ApiError, api_error_handler, http_error_handler
+from bandgate.gateway.middleware import BodyLimitMiddleware, ErrorBoundary
+from bandgate.gateway.routes import routes
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.topology.model import Topology
 
 log = logging.getLogger(__name__)
 

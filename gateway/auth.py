@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import ApiError, count_rejected, error_response
+from bandgate.gateway.errors import ApiError, count_rejected, error_response
 
 Action = Literal["publish", "read"]
 SCOPE = re.compile(r"^(admin|(publish|read):(\*|[A-Za-z0-9][A-Za-z0-9_-]{0,63}))$")

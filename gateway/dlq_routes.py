@@ -23,9 +23,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive
 
-from gateway.auth import authorize
-from gateway.broker import BrokerLink
-from gateway.dead_letters import (
+from bandgate.core.broker import BrokerLink
+from bandgate.core.dead_letters import (
     MAX_LIST,
     MAX_RATE,
     MAX_REASON,
@@ -35,10 +34,11 @@ from gateway.dead_letters import (
     read_dead_letters,
     replay,
 )
-from gateway.dlq_access import DeadLetterBrokerError, DeadLetterBusy, DeadLetterQueueMissing
-from gateway.errors import ApiError, error_response
-from gateway.routes import json_body, json_response, queue_spec, topology_of
-from gateway.schemas import validation_error
+from bandgate.core.dlq_access import DeadLetterBrokerError, DeadLetterBusy, DeadLetterQueueMissing
+from bandgate.gateway.auth import authorize
+from bandgate.gateway.errors import ApiError, error_response
+from bandgate.gateway.routes import json_body, json_response, queue_spec, topology_of
+from bandgate.gateway.schemas import validation_error
 
 DEFAULT_LIST = 100
 LOCK_WAIT_SECONDS = 5.0  # an HTTP client waits this long for another operation, then 409

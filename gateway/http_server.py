@@ -18,7 +18,7 @@ import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.settings import GatewaySettings
+from bandgate.gateway.settings import GatewaySettings
 
 MAX_HEADERS = 100
 LINGER_SECONDS = 1.0

@@ -9,7 +9,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import ApiError, error_response
+from bandgate.gateway.errors import ApiError, error_response
 
 log = logging.getLogger(__name__)
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from gateway._openapi_schemas import component_schemas, ref
-from gateway.dead_letters import MAX_LIST, MAX_REASON
-from gateway.settings import GatewaySettings
-from topology import naming
+from bandgate.core.dead_letters import MAX_LIST, MAX_REASON
+from bandgate.gateway._openapi_schemas import component_schemas, ref
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.topology import naming
 
 if TYPE_CHECKING:
-    from topology.model import Topology
+    from bandgate.topology.model import Topology
 
 JSON = "application/json"
 
@@ -112,7 +112,7 @@ def openapi_document(limits: ApiLimits = DEFAULT_LIMITS) -> dict[str, Any]:
 def _document(limits: ApiLimits) -> dict[str, Any]:
     # dlq_routes imports routes, which imports this module: its model is read when the
     # document is first built. (As a request body, it belongs in gateway/schemas.py.)
-    from gateway.dlq_routes import ReplayRequest
+    from bandgate.gateway.dlq_routes import ReplayRequest
 
     def secured(
         name: str,

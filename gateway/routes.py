@@ -11,24 +11,24 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.auth import Principal, authorize, charge
-from gateway.broker import BrokerLink
-from gateway.errors import ApiError, count_rejected
-from gateway.json_input import MalformedJson, parse_json
-from gateway.openapi import ApiLimits, openapi_document
-from gateway.publishing import (
+from bandgate.core.broker import BrokerLink
+from bandgate.core.publishing import (
     BrokerRejected,
     InvalidMessage,
     MessageTooLarge,
     Published,
     PublishFailure,
 )
-from gateway.schemas import BatchRequest, parse_publish, validation_error
-from gateway.settings import GatewaySettings
-from gateway.stats import describe_queue, queue_stats
-from gateway.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
-from topology.model import QueueSpec, Topology, UnknownQueueError
-from topology.wire import Envelope
+from bandgate.core.queue_stats import QueueStats, StatsError, collect_queue_stats, describe_queue
+from bandgate.core.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
+from bandgate.gateway.auth import Principal, authorize, charge
+from bandgate.gateway.errors import ApiError, count_rejected
+from bandgate.gateway.json_input import MalformedJson, parse_json
+from bandgate.gateway.openapi import ApiLimits, openapi_document
+from bandgate.gateway.schemas import BatchRequest, parse_publish, validation_error
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.topology.model import QueueSpec, Topology, UnknownQueueError
+from bandgate.topology.wire import Envelope
 
 
 def json_response(data: Any, status: int = 200) -> Response:
@@ -187,6 +187,16 @@ async def list_queues(request: Request) -> Response:
         if principal.may("read", spec.name) or principal.may("publish", spec.name)
     ]
     return json_response({"queues": visible})
+
+
+async def queue_stats(link: BrokerLink, topology: Topology, spec: QueueSpec) -> QueueStats:
+    """`collect_queue_stats` over the gateway's broker link, failures as API errors (503)."""
+    if link.connection is None or not link.connected:
+        raise ApiError(503, "broker_unavailable", link.problem or "not connected to the broker")
+    try:
+        return await collect_queue_stats(link.connection, topology, spec, link.management)
+    except StatsError as exc:
+        raise ApiError(503, exc.code, str(exc)) from None
 
 
 async def stats(request: Request) -> Response:

@@ -23,10 +23,10 @@ from pydantic import (
     field_validator,
 )
 
-from gateway.errors import ApiError
-from topology.model import QueueSpec, Topology
-from topology.priority import PriorityError, parse_priority
-from topology.wire import HEADER_PREFIX, Envelope, new_message_id, now
+from bandgate.gateway.errors import ApiError
+from bandgate.topology.model import QueueSpec, Topology
+from bandgate.topology.priority import PriorityError, parse_priority
+from bandgate.topology.wire import HEADER_PREFIX, Envelope, new_message_id, now
 
 HEADER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 MAX_HEADERS = 32

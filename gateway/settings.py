@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from gateway.auth import TokenSpec
-from topology.settings import BrokerSettings
+from bandgate.gateway.auth import TokenSpec
+from bandgate.topology.settings import BrokerSettings
 
 
 class GatewaySettings(BrokerSettings):

@@ -17,9 +17,9 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
-from gateway.local_broker import ROOT_ENV, LocalBroker, rabbitmq_installed
+from bandgate.ops.local_broker import ROOT_ENV, LocalBroker, rabbitmq_installed
+from bandgate.topology.management import split_credentials
 from tools import broker_roots
-from topology.management import split_credentials
 
 AMQP_ENV = "BANDGATE_TEST_AMQP_URL"
 MANAGEMENT_ENV = "BANDGATE_TEST_MANAGEMENT_URL"

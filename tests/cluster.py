@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway.local_broker import LocalBroker
+from bandgate.ops.local_broker import LocalBroker
 
 
 @dataclass

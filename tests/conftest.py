@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from consumers.app import ConsumerApp
-from consumers.worker import Worker
+from bandgate.consumers.app import ConsumerApp
+from bandgate.consumers.worker import Worker
+from bandgate.topology.loader import parse_topology
+from bandgate.topology.model import Topology
 from tests.broker import TestBroker, session_broker
-from topology.loader import parse_topology
-from topology.model import Topology
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from gateway.local_broker import free_port
+from bandgate.ops.local_broker import free_port
 
 
 class CuttableProxy:

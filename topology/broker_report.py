@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from topology.loader import TopologyError
+from bandgate.topology.loader import TopologyError
 
 Severity = Literal["error", "warning", "info"]
 

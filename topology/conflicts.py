@@ -14,10 +14,10 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.common import Arguments
 
-from topology.broker_report import Finding
-from topology.declare import conflict_error, declare_exchange, queue_diff_error
-from topology.model import Topology
-from topology.objects import ExchangeDecl, QueueDecl, plan
+from bandgate.topology.broker_report import Finding
+from bandgate.topology.declare import conflict_error, declare_exchange, queue_diff_error
+from bandgate.topology.model import Topology
+from bandgate.topology.objects import ExchangeDecl, QueueDecl, plan
 
 
 def queue_conflicts(topology: Topology, existing: Mapping[str, Mapping[str, Any]]) -> list[Finding]:

@@ -16,10 +16,10 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, ExchangeType
 from pamqp.common import Arguments
 
-from topology.loader import TopologyError
-from topology.management import ManagementClient
-from topology.model import Topology
-from topology.objects import BindingDecl, ExchangeDecl, Plan, QueueDecl, plan
+from bandgate.topology.loader import TopologyError
+from bandgate.topology.management import ManagementClient
+from bandgate.topology.model import Topology
+from bandgate.topology.objects import BindingDecl, ExchangeDecl, Plan, QueueDecl, plan
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topology import naming
+from bandgate.topology import naming
 
 
 @dataclass(frozen=True)

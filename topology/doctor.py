@@ -19,12 +19,12 @@ from urllib.parse import quote
 import httpx
 from aio_pika.abc import AbstractConnection
 
-from topology.broker_report import BandOrdering, BrokerReport, Finding
-from topology.conflicts import exchange_conflicts, probe_declared, queue_conflicts
-from topology.declare import MIN_BROKER_VERSION, broker_version, parse_version
-from topology.management import split_credentials
-from topology.model import Band, Topology
-from topology.policy_checks import Policy, policy_findings
+from bandgate.topology.broker_report import BandOrdering, BrokerReport, Finding
+from bandgate.topology.conflicts import exchange_conflicts, probe_declared, queue_conflicts
+from bandgate.topology.declare import MIN_BROKER_VERSION, broker_version, parse_version
+from bandgate.topology.management import split_credentials
+from bandgate.topology.model import Band, Topology
+from bandgate.topology.policy_checks import Policy, policy_findings
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ import hashlib
 import json
 from typing import Literal, TypedDict
 
-from topology.model import Topology
-from topology.objects import ExchangeType, QueueArguments, plan
+from bandgate.topology.model import Topology
+from bandgate.topology.objects import ExchangeType, QueueArguments, plan
 
 DEV_USER = "bandgate"
 DEV_PASSWORD = "bandgate"  # for the local docker-compose broker only, like guest/guest

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from topology.model import Topology
+from bandgate.topology.model import Topology
 
 TOPOLOGY_ENV = "BANDGATE_TOPOLOGY"
 DEFAULT_TOPOLOGY_PATH = "bandgate.toml"

@@ -6,13 +6,13 @@ consumers, declarer, exporter, CLI) reads the same model.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from topology import naming
-from topology.delay import DelayLadder
-from topology.priority import MAX_PRIORITY, MIN_PRIORITY
+from bandgate.topology import naming
+from bandgate.topology.delay import DelayLadder
+from bandgate.topology.priority import MAX_PRIORITY, MIN_PRIORITY
 
 QueueType = Literal["quorum", "classic"]
 FailureStrategy = Literal["skip", "block", "block_and_dlq"]
@@ -23,6 +23,22 @@ MAX_SHARDS = 64
 SERIAL_BAND = "all"
 
 
+def _name_of(kind: str) -> AfterValidator:
+    """A validator for an object name the broker will see: `kind` says which in the error."""
+
+    def check(name: str) -> str:
+        if not naming.is_valid_name(name):
+            raise ValueError(f"{kind} name {name!r} is invalid: {naming.NAME_RULE}")
+        return name
+
+    return AfterValidator(check)
+
+
+BandName = Annotated[str, _name_of("band")]
+QueueName = Annotated[str, _name_of("queue")]
+ExchangeName = Annotated[str, _name_of("exchange")]
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -30,7 +46,7 @@ class _Frozen(BaseModel):
 class Band(_Frozen):
     """A contiguous priority range of one logical queue, stored in its own RabbitMQ queue."""
 
-    name: str
+    name: BandName
     priorities: tuple[int, int] = Field(description="lowest and highest priority, inclusive")
     type: QueueType = "quorum"
     age_after_seconds: float | None = Field(
@@ -44,13 +60,6 @@ class Band(_Frozen):
         le=MAX_SHARDS,
         description="queues the band is spread over, by a consistent hash of the shard key",
     )
-
-    @field_validator("name")
-    @classmethod
-    def _name_is_valid(cls, name: str) -> str:
-        if not naming.is_valid_name(name):
-            raise ValueError(f"band name {name!r} is invalid: {naming.NAME_RULE}")
-        return name
 
     @field_validator("priorities")
     @classmethod
@@ -115,7 +124,7 @@ class QueueSpec(_Frozen):
     default `all`, priorities 0-9) of one shard, and refuses `skip`.
     """
 
-    name: str
+    name: QueueName
     bands: tuple[Band, ...] = Field(default_factory=default_bands)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     ordered: bool = False
@@ -126,13 +135,6 @@ class QueueSpec(_Frozen):
         "place for ever) or block_and_dlq (the default: retry in place up to max_attempts, "
         "then dead-letter)",
     )
-
-    @field_validator("name")
-    @classmethod
-    def _name_is_valid(cls, name: str) -> str:
-        if not naming.is_valid_name(name):
-            raise ValueError(f"queue name {name!r} is invalid: {naming.NAME_RULE}")
-        return name
 
     @model_validator(mode="before")
     @classmethod
@@ -275,16 +277,9 @@ class UnknownQueueError(KeyError):
 class Topology(_Frozen):
     """Everything declared on the broker for one bandgate deployment."""
 
-    exchange: str = "bandgate"
+    exchange: ExchangeName = "bandgate"
     delay: DelaySettings = Field(default_factory=DelaySettings)
     queues: dict[str, QueueSpec] = Field(default_factory=dict)
-
-    @field_validator("exchange")
-    @classmethod
-    def _exchange_is_valid(cls, name: str) -> str:
-        if not naming.is_valid_name(name):
-            raise ValueError(f"exchange name {name!r} is invalid: {naming.NAME_RULE}")
-        return name
 
     @model_validator(mode="before")
     @classmethod

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, TypedDict
 
-from topology import naming, wire
-from topology.model import Band, QueueSpec, Topology
+from bandgate.topology import naming, wire
+from bandgate.topology.model import Band, QueueSpec, Topology
 
 QueueArguments = TypedDict(
     "QueueArguments",

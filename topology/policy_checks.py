@@ -17,10 +17,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from topology import naming
-from topology.broker_report import Finding
-from topology.model import Band, Topology
-from topology.objects import QueueDecl, plan
+from bandgate.topology import naming
+from bandgate.topology.broker_report import Finding
+from bandgate.topology.model import Band, Topology
+from bandgate.topology.objects import QueueDecl, plan
 
 Role = Literal["band", "dlq", "delay", "workers"]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from topology.loader import DEFAULT_TOPOLOGY_PATH, load_topology
-from topology.model import Topology
+from bandgate.topology.loader import DEFAULT_TOPOLOGY_PATH, load_topology
+from bandgate.topology.model import Topology
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 

@@ -65,6 +65,31 @@ BROKER_DEATH_HEADERS = (
 )
 
 
+DEAD_LETTER_HEADERS = (
+    FAILURE_REASON,
+    FAILURE_CAUSE,
+    FAILURE_TYPE,
+    ATTEMPTS,
+    ORIGINAL_BAND,
+    FAILED_AT,
+    RETRY_REASON,
+)
+
+# Headers `encode` writes from the envelope, and those that describe one delivery only.
+_REWRITTEN = frozenset(
+    (
+        ENQUEUED_AT,
+        DELIVER_AT,
+        PARTITION_KEY,
+        ATTEMPT,
+        QUEUE,
+        DELIVERY_COUNT,
+        *BROKER_DEATH_HEADERS,
+        *DEAD_LETTER_HEADERS,
+    )
+)
+
+
 def now() -> datetime:
     return datetime.now(UTC)
 
@@ -180,6 +205,11 @@ def user_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
         and name != DELIVERY_COUNT
         and name not in TRACE_HEADERS
     }
+
+
+def carried_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The headers a copy keeps: the producer's, trace context, anything not per-delivery."""
+    return {name: value for name, value in (headers or {}).items() if name not in _REWRITTEN}
 
 
 def read_priority(amqp_priority: int | None, headers: Mapping[str, Any]) -> int | None:

@@ -7,11 +7,11 @@ import httpx
 import pytest
 from aio_pika.abc import AbstractConnection, AbstractRobustConnection
 
-from gateway.app import create_app
-from gateway.settings import GatewaySettings
+from bandgate.gateway.app import create_app
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.topology import naming
+from bandgate.topology.model import Topology
 from tests.broker import TestBroker
-from topology import naming
-from topology.model import Topology
 
 
 @pytest.fixture

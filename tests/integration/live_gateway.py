@@ -8,10 +8,10 @@ import time
 import httpx
 import uvicorn
 
-from gateway.app import create_app
-from gateway.http_server import server_options
-from gateway.settings import GatewaySettings
-from topology.model import Topology
+from bandgate.gateway.app import create_app
+from bandgate.gateway.http_server import server_options
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.topology.model import Topology
 
 
 class LiveGateway:

@@ -12,7 +12,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 from aio_pika.exceptions import ChannelInvalidStateError
 
-from consumers.acks import AckWriter
+from bandgate.consumers.acks import AckWriter
 
 pytestmark = pytest.mark.integration
 

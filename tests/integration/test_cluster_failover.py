@@ -13,11 +13,11 @@ import httpx
 import orjson
 import pytest
 
-from gateway.app import create_app
-from gateway.settings import GatewaySettings
+from bandgate.gateway.app import create_app
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.topology import naming
+from bandgate.topology.model import Topology
 from tests.cluster import LocalCluster
-from topology import naming
-from topology.model import Topology
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
 

@@ -11,10 +11,10 @@ import aiormq
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from gateway.confirm_pipeline import ChannelSet, ConfirmPipeline, confirm_channel_factory
-from topology import naming, wire
-from topology.declare import apply_topology
-from topology.model import Topology
+from bandgate.core.confirm_pipeline import ChannelSet, ConfirmPipeline, confirm_channel_factory
+from bandgate.topology import naming, wire
+from bandgate.topology.declare import apply_topology
+from bandgate.topology.model import Topology
 
 pytestmark = pytest.mark.integration
 

@@ -22,15 +22,15 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-from consumers import ConsumerApp, Message
-from consumers.settings import WorkerSettings
-from consumers.worker import Worker
-from gateway.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
+from bandgate.consumers import ConsumerApp, Message
+from bandgate.consumers.settings import WorkerSettings
+from bandgate.consumers.worker import Worker
+from bandgate.core.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
+from bandgate.topology import naming
+from bandgate.topology.declare import apply_topology
+from bandgate.topology.loader import parse_topology
+from bandgate.topology.wire import ATTEMPTS, FAILURE_CAUSE, PARTITION_KEY, Envelope
 from tests.integration.test_consumer_process import RECORD_ENV, Event, Workers, by_event, exited
-from topology import naming
-from topology.declare import apply_topology
-from topology.loader import parse_topology
-from topology.wire import ATTEMPTS, FAILURE_CAUSE, PARTITION_KEY, Envelope
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
-"""Real worker processes (`python -m consumers ...`, as `bandgate worker` runs them), stopped
-with SIGTERM or killed with SIGKILL.
+"""Real worker processes (`python -m bandgate.consumers ...`, as `bandgate worker` runs
+them), stopped with SIGTERM or killed with SIGKILL.
 
 The worker processes import this module for its `app`. Its handler writes one line per event
 to the file named by BANDGATE_TEST_RECORD, which the test reads back.
@@ -23,12 +23,12 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-from consumers import ConsumerApp, Message
-from gateway.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
-from topology import naming
-from topology.declare import apply_topology
-from topology.loader import parse_topology
-from topology.wire import FAILURE_CAUSE, FAILURE_REASON, Envelope
+from bandgate.consumers import ConsumerApp, Message
+from bandgate.core.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
+from bandgate.topology import naming
+from bandgate.topology.declare import apply_topology
+from bandgate.topology.loader import parse_topology
+from bandgate.topology.wire import FAILURE_CAUSE, FAILURE_REASON, Envelope
 
 pytestmark = pytest.mark.integration
 
@@ -96,7 +96,7 @@ class Workers:
             **self.env,
         }
         process = subprocess.Popen(
-            [sys.executable, "-m", "consumers", self.target, "--log-level", "warning"],
+            [sys.executable, "-m", "bandgate.consumers", self.target, "--log-level", "warning"],
             cwd=ROOT,
             env=env,
         )

@@ -10,16 +10,16 @@ from urllib.parse import quote
 import aio_pika
 import pytest
 
-from consumers import ConsumerApp, Message
-from consumers.settings import WorkerSettings
-from consumers.worker import Worker
-from gateway.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
+from bandgate.consumers import ConsumerApp, Message
+from bandgate.consumers.settings import WorkerSettings
+from bandgate.consumers.worker import Worker
+from bandgate.core.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
+from bandgate.topology import naming
+from bandgate.topology.declare import apply_topology
+from bandgate.topology.management import vhost_of
+from bandgate.topology.model import Topology
+from bandgate.topology.wire import Envelope
 from tests.broker import TestBroker
-from topology import naming
-from topology.declare import apply_topology
-from topology.management import vhost_of
-from topology.model import Topology
-from topology.wire import Envelope
 
 pytestmark = pytest.mark.integration
 

@@ -13,14 +13,14 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-from consumers import ConsumerApp, Message, Reject, Retry
-from consumers.settings import WorkerSettings
-from consumers.worker import Worker
-from gateway.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
-from topology import naming, wire
-from topology.declare import apply_topology
-from topology.loader import parse_topology
-from topology.wire import (
+from bandgate.consumers import ConsumerApp, Message, Reject, Retry
+from bandgate.consumers.settings import WorkerSettings
+from bandgate.consumers.worker import Worker
+from bandgate.core.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
+from bandgate.topology import naming, wire
+from bandgate.topology.declare import apply_topology
+from bandgate.topology.loader import parse_topology
+from bandgate.topology.wire import (
     ATTEMPTS,
     FAILED_AT,
     FAILURE_CAUSE,

@@ -8,14 +8,14 @@ import asyncio
 import aio_pika
 import pytest
 
-from consumers import ConsumerApp, Message
-from consumers.settings import WorkerSettings
-from consumers.worker import Worker
-from gateway.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
-from topology import naming
-from topology.declare import apply_topology
-from topology.model import Topology
-from topology.wire import Envelope
+from bandgate.consumers import ConsumerApp, Message
+from bandgate.consumers.settings import WorkerSettings
+from bandgate.consumers.worker import Worker
+from bandgate.core.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
+from bandgate.topology import naming
+from bandgate.topology.declare import apply_topology
+from bandgate.topology.model import Topology
+from bandgate.topology.wire import Envelope
 
 pytestmark = pytest.mark.integration
 

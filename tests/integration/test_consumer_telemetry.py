@@ -9,14 +9,14 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from consumers import ConsumerApp, Message
-from consumers.settings import WorkerSettings
-from consumers.worker import Worker
-from gateway.publishing import ChannelSet, Publisher, confirm_channel_factory
-from gateway.telemetry import Telemetry
-from topology.declare import apply_topology
-from topology.loader import parse_topology
-from topology.wire import Envelope
+from bandgate.consumers import ConsumerApp, Message
+from bandgate.consumers.settings import WorkerSettings
+from bandgate.consumers.worker import Worker
+from bandgate.core.publishing import ChannelSet, Publisher, confirm_channel_factory
+from bandgate.core.telemetry import Telemetry
+from bandgate.topology.declare import apply_topology
+from bandgate.topology.loader import parse_topology
+from bandgate.topology.wire import Envelope
 
 pytestmark = pytest.mark.integration
 

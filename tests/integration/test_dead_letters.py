@@ -17,11 +17,11 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from typer.testing import CliRunner
 
-from consumers.message import Message
-from consumers.outcome import DeadLetter as DeadLetterOutcome
-from consumers.outcome import DeadLetterCause
-from consumers.republish import dead_letter_message
-from gateway.dead_letter_records import (
+from bandgate.consumers.message import Message
+from bandgate.consumers.outcome import DeadLetter as DeadLetterOutcome
+from bandgate.consumers.outcome import DeadLetterCause
+from bandgate.consumers.republish import dead_letter_message
+from bandgate.core.dead_letter_records import (
     REPLAYS,
     DeadLetter,
     matches,
@@ -29,15 +29,15 @@ from gateway.dead_letter_records import (
     replay_envelope,
     replay_priority,
 )
-from gateway.dead_letters import list_dead_letters, replay
-from gateway.ops_cli import app
-from gateway.publishing import ChannelSet, Publisher, confirm_channel_factory
+from bandgate.core.dead_letters import list_dead_letters, replay
+from bandgate.core.publishing import ChannelSet, Publisher, confirm_channel_factory
+from bandgate.ops.ops_cli import app
+from bandgate.topology import wire
+from bandgate.topology.declare import apply_topology
+from bandgate.topology.loader import load_topology
+from bandgate.topology.model import QueueSpec, Topology
+from bandgate.topology.wire import ATTEMPTS, FAILURE_CAUSE, FAILURE_REASON, ORIGINAL_BAND
 from tests.integration.conftest import queue_depths
-from topology import wire
-from topology.declare import apply_topology
-from topology.loader import load_topology
-from topology.model import QueueSpec, Topology
-from topology.wire import ATTEMPTS, FAILURE_CAUSE, FAILURE_REASON, ORIGINAL_BAND
 
 pytestmark = pytest.mark.integration
 

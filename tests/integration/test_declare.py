@@ -5,10 +5,10 @@ import time
 import aio_pika
 import pytest
 
+from bandgate.topology.declare import TopologyConflictError, apply_topology
+from bandgate.topology.management import ManagementClient, vhost_of
+from bandgate.topology.model import Topology
 from tests.broker import TestBroker
-from topology.declare import TopologyConflictError, apply_topology
-from topology.management import ManagementClient, vhost_of
-from topology.model import Topology
 
 pytestmark = pytest.mark.integration
 

@@ -11,13 +11,13 @@ import pytest
 from aio_pika.abc import AbstractRobustConnection
 from typer.testing import CliRunner
 
-from gateway.dead_letters import MIN_RATE
-from gateway.ops_cli import app as cli
+from bandgate.core.dead_letters import MIN_RATE
+from bandgate.ops.ops_cli import app as cli
+from bandgate.topology import naming
+from bandgate.topology.model import Topology
 from tests.integration.conftest import queue_depths
 from tests.integration.test_dead_letters import write_topology
 from tests.integration.test_dlq_hardening import make_dead_letters
-from topology import naming
-from topology.model import Topology
 
 pytestmark = pytest.mark.integration
 

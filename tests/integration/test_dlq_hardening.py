@@ -19,9 +19,7 @@ import uvicorn
 from aio_pika.abc import AbstractConnection, AbstractRobustConnection
 from starlette.applications import Starlette
 
-from gateway import dlq_routes
-from gateway.app import create_app
-from gateway.dead_letters import (
+from bandgate.core.dead_letters import (
     MIN_RATE,
     ReplayProgress,
     count_dead_letters,
@@ -29,10 +27,16 @@ from gateway.dead_letters import (
     read_dead_letters,
     replay,
 )
-from gateway.dlq_access import DeadLetterBusy, dlq_lock
-from gateway.dlq_routes import finish_dead_letter_work
-from gateway.publishing import ChannelSet, Publisher, confirm_channel_factory
-from gateway.settings import GatewaySettings
+from bandgate.core.dlq_access import DeadLetterBusy, dlq_lock
+from bandgate.core.publishing import ChannelSet, Publisher, confirm_channel_factory
+from bandgate.gateway import dlq_routes
+from bandgate.gateway.app import create_app
+from bandgate.gateway.dlq_routes import finish_dead_letter_work
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.topology import naming
+from bandgate.topology.declare import apply_topology, broker_version, parse_version
+from bandgate.topology.doctor import band_ordering
+from bandgate.topology.model import Topology
 from tests.integration.conftest import queue_depths
 from tests.integration.test_dead_letters import (
     SAMPLES,
@@ -42,10 +46,6 @@ from tests.integration.test_dead_letters import (
     get_all,
     write_topology,
 )
-from topology import naming
-from topology.declare import apply_topology, broker_version, parse_version
-from topology.doctor import band_ordering
-from topology.model import Topology
 
 pytestmark = pytest.mark.integration
 

@@ -10,14 +10,14 @@ import aio_pika
 import pytest
 from typer.testing import CliRunner
 
-from gateway.ops_cli import app
+from bandgate.ops.ops_cli import app
+from bandgate.topology.broker_report import BrokerReport
+from bandgate.topology.declare import apply_topology, parse_version
+from bandgate.topology.doctor import check_broker
+from bandgate.topology.management import vhost_of
+from bandgate.topology.model import Topology
 from tests.broker import TestBroker
 from tests.integration.test_dead_letters import write_topology
-from topology.broker_report import BrokerReport
-from topology.declare import apply_topology, parse_version
-from topology.doctor import check_broker
-from topology.management import vhost_of
-from topology.model import Topology
 
 pytestmark = pytest.mark.integration
 

@@ -10,14 +10,14 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from consumers import ConsumerApp, Message
-from consumers.settings import WorkerSettings
-from consumers.worker import Worker
-from gateway.app import create_app
-from gateway.local_broker import free_port
-from gateway.settings import GatewaySettings
-from gateway.telemetry import Telemetry
-from topology.model import Topology
+from bandgate.consumers import ConsumerApp, Message
+from bandgate.consumers.settings import WorkerSettings
+from bandgate.consumers.worker import Worker
+from bandgate.core.telemetry import Telemetry
+from bandgate.gateway.app import create_app
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.ops.local_broker import free_port
+from bandgate.topology.model import Topology
 
 pytestmark = pytest.mark.integration
 

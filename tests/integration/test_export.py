@@ -16,14 +16,14 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from gateway.local_broker import LocalBroker, free_port
+from bandgate.ops.local_broker import LocalBroker, free_port
+from bandgate.ops.topology_cli import app
+from bandgate.topology import export
+from bandgate.topology.declare import apply_topology
+from bandgate.topology.loader import load_topology, parse_topology
+from bandgate.topology.model import Topology
+from bandgate.topology.objects import plan
 from tests.broker import TestBroker
-from topology import export
-from topology.cli import app
-from topology.declare import apply_topology
-from topology.loader import load_topology, parse_topology
-from topology.model import Topology
-from topology.objects import plan
 
 pytestmark = pytest.mark.integration
 

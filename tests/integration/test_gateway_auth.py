@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from gateway.app import create_app
-from gateway.auth import TokenSpec, hash_token
-from gateway.settings import GatewaySettings
-from topology.model import Topology
+from bandgate.gateway.app import create_app
+from bandgate.gateway.auth import TokenSpec, hash_token
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.topology.model import Topology
 
 pytestmark = pytest.mark.integration
 

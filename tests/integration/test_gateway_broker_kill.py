@@ -14,11 +14,11 @@ import httpx
 import orjson
 import pytest
 
-from gateway.app import create_app
-from gateway.local_broker import LocalBroker
-from gateway.settings import GatewaySettings
-from topology import naming
-from topology.model import Topology
+from bandgate.gateway.app import create_app
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.ops.local_broker import LocalBroker
+from bandgate.topology import naming
+from bandgate.topology.model import Topology
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
 

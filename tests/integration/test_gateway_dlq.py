@@ -8,13 +8,13 @@ import httpx
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from gateway.app import create_app
-from gateway.auth import TokenSpec, hash_token
-from gateway.publishing import ChannelSet, Publisher, confirm_channel_factory
-from gateway.settings import GatewaySettings
+from bandgate.core.publishing import ChannelSet, Publisher, confirm_channel_factory
+from bandgate.gateway.app import create_app
+from bandgate.gateway.auth import TokenSpec, hash_token
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.topology.model import Topology
 from tests.integration.conftest import queue_depths
 from tests.integration.test_dead_letters import SAMPLES, dead_letter
-from topology.model import Topology
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import httpx
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
+from bandgate.topology.model import Topology
 from tests.integration.conftest import queue_depths
-from topology.model import Topology
 
 pytestmark = pytest.mark.integration
 

@@ -12,13 +12,13 @@ import aio_pika
 import httpx
 import pytest
 
-from gateway.app import create_app
-from gateway.local_broker import LocalBroker
-from gateway.settings import GatewaySettings
+from bandgate.gateway.app import create_app
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.ops.local_broker import LocalBroker
+from bandgate.topology.loader import parse_topology
+from bandgate.topology.model import Topology
 from tests.broker import TestBroker
 from tests.proxy import CuttableProxy
-from topology.loader import parse_topology
-from topology.model import Topology
 
 pytestmark = pytest.mark.integration
 

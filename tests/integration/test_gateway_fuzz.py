@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.local_broker import free_port
-from gateway.settings import GatewaySettings
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.ops.local_broker import free_port
+from bandgate.topology.model import Topology
 from tests.integration.conftest import queue_depths
 from tests.integration.live_gateway import LiveGateway
-from topology.model import Topology
 
 pytestmark = pytest.mark.integration
 

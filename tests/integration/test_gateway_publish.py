@@ -9,9 +9,9 @@ import orjson
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
+from bandgate.topology import wire
+from bandgate.topology.model import Topology
 from tests.integration.conftest import queue_depths
-from topology import wire
-from topology.model import Topology
 
 pytestmark = pytest.mark.integration
 

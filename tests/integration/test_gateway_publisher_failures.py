@@ -8,7 +8,7 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from gateway.publishing import (
+from bandgate.core.publishing import (
     BrokerRejected,
     BrokerUnavailable,
     ChannelSet,
@@ -21,12 +21,12 @@ from gateway.publishing import (
     Unroutable,
     confirm_channel_factory,
 )
+from bandgate.topology import naming, wire
+from bandgate.topology.declare import apply_topology
+from bandgate.topology.loader import parse_topology
+from bandgate.topology.model import Topology
+from bandgate.topology.wire import Envelope
 from tests.integration.conftest import queue_depths
-from topology import naming, wire
-from topology.declare import apply_topology
-from topology.loader import parse_topology
-from topology.model import Topology
-from topology.wire import Envelope
 
 pytestmark = pytest.mark.integration
 

@@ -36,14 +36,14 @@ import schemathesis
 from schemathesis import AuthContext, BaseSchema, Case, HookContext, Response
 from schemathesis.engine import Status, events, from_schema
 
-from gateway.auth import TokenSpec, hash_token
-from gateway.local_broker import free_port
-from gateway.openapi import ApiLimits, openapi_document
-from gateway.settings import GatewaySettings
+from bandgate.gateway.auth import TokenSpec, hash_token
+from bandgate.gateway.openapi import ApiLimits, openapi_document
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.ops.local_broker import free_port
+from bandgate.topology import naming
+from bandgate.topology.model import Topology
 from tests.integration.conftest import queue_depths
 from tests.integration.live_gateway import LiveGateway
-from topology import naming
-from topology.model import Topology
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,10 @@ from aio_pika.abc import AbstractRobustConnection
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.app import create_app
-from gateway.settings import GatewaySettings
-from gateway.telemetry import Telemetry
-from topology.model import Topology
+from bandgate.core.telemetry import Telemetry
+from bandgate.gateway.app import create_app
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.topology.model import Topology
 
 pytestmark = pytest.mark.integration
 

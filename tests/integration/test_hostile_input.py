@@ -19,13 +19,13 @@ import pytest
 from aio_pika.abc import AbstractRobustConnection
 from starlette.applications import Starlette
 
-from gateway.app import create_app
-from gateway.auth import TokenSpec, hash_token
-from gateway.broker import BrokerLink
-from gateway.settings import GatewaySettings
+from bandgate.core.broker import BrokerLink
+from bandgate.gateway.app import create_app
+from bandgate.gateway.auth import TokenSpec, hash_token
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.topology import naming
+from bandgate.topology.model import Topology
 from tests.integration.conftest import queue_depths
-from topology import naming
-from topology.model import Topology
 
 pytestmark = pytest.mark.integration
 
@@ -307,9 +307,9 @@ async def test_an_unexpected_error_is_json_with_a_request_id(
     async def broken(*args: object) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr("gateway.routes.queue_stats", broken)
+    monkeypatch.setattr("bandgate.gateway.routes.queue_stats", broken)
     http = http_of(gateway)
-    with caplog.at_level(logging.ERROR, logger="gateway.middleware"):
+    with caplog.at_level(logging.ERROR, logger="bandgate.gateway.middleware"):
         response = await http.get("/v1/queues/orders/stats", headers={"x-request-id": "req-42"})
         other = await http.get("/v1/queues/orders/stats")
     assert response.status_code == 500

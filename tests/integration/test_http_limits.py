@@ -19,7 +19,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.local_broker import free_port
+from bandgate.ops.local_broker import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -10,12 +10,12 @@ import random
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from gateway.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
-from topology import naming, wire
-from topology.declare import apply_topology, broker_version, parse_version
-from topology.loader import parse_topology
-from topology.model import Topology
-from topology.wire import Envelope
+from bandgate.core.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
+from bandgate.topology import naming, wire
+from bandgate.topology.declare import apply_topology, broker_version, parse_version
+from bandgate.topology.loader import parse_topology
+from bandgate.topology.model import Topology
+from bandgate.topology.wire import Envelope
 
 pytestmark = pytest.mark.integration
 

@@ -14,15 +14,15 @@ import httpx
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from consumers import ConsumerApp, Message
-from consumers.settings import WorkerSettings
-from consumers.worker import Worker
-from gateway.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
-from gateway.stats import collect_queue_stats
-from topology import wire
-from topology.declare import apply_topology
-from topology.loader import parse_topology
-from topology.wire import Envelope
+from bandgate.consumers import ConsumerApp, Message
+from bandgate.consumers.settings import WorkerSettings
+from bandgate.consumers.worker import Worker
+from bandgate.core.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
+from bandgate.core.queue_stats import collect_queue_stats
+from bandgate.topology import wire
+from bandgate.topology.declare import apply_topology
+from bandgate.topology.loader import parse_topology
+from bandgate.topology.wire import Envelope
 
 pytestmark = pytest.mark.integration
 
@@ -144,8 +144,8 @@ async def test_stats_add_the_shards_up_and_readiness_checks_them(
     assert stats["bands"][0]["shards"] == []
     assert stats["ready"] == 8
 
-    from gateway.app import create_app
-    from gateway.settings import GatewaySettings
+    from bandgate.gateway.app import create_app
+    from bandgate.gateway.settings import GatewaySettings
 
     app = create_app(GatewaySettings(amqp_url=amqp_url, auth_enabled=False), SHARDED)
     async with app.router.lifespan_context(app):

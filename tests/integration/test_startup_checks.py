@@ -5,13 +5,13 @@ from __future__ import annotations
 import aio_pika
 import pytest
 
-from consumers import ConsumerApp, Message
-from consumers.settings import WorkerSettings
-from consumers.worker import Worker
-from gateway.app import create_app
-from gateway.settings import GatewaySettings
-from topology.broker_report import BrokerCheckError
-from topology.model import Topology
+from bandgate.consumers import ConsumerApp, Message
+from bandgate.consumers.settings import WorkerSettings
+from bandgate.consumers.worker import Worker
+from bandgate.gateway.app import create_app
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.topology.broker_report import BrokerCheckError
+from bandgate.topology.model import Topology
 
 pytestmark = pytest.mark.integration
 

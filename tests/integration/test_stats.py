@@ -13,16 +13,16 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from gateway.ops_cli import app
-from gateway.publishing import ChannelSet, Publisher, confirm_channel_factory
-from gateway.stats import QueueStats, collect_queue_stats, head_age_seconds
+from bandgate.core.publishing import ChannelSet, Publisher, confirm_channel_factory
+from bandgate.core.queue_stats import QueueStats, collect_queue_stats, head_age_seconds
+from bandgate.ops.ops_cli import app
+from bandgate.topology import wire
+from bandgate.topology.declare import apply_topology
+from bandgate.topology.management import ManagementClient, vhost_of
+from bandgate.topology.model import Topology
+from bandgate.topology.wire import Envelope
 from tests.broker import TestBroker
 from tests.integration.test_dead_letters import write_topology
-from topology import wire
-from topology.declare import apply_topology
-from topology.management import ManagementClient, vhost_of
-from topology.model import Topology
-from topology.wire import Envelope
 
 pytestmark = pytest.mark.integration
 

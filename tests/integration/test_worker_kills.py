@@ -16,13 +16,13 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from consumers import ConsumerApp, Message
-from gateway.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
+from bandgate.consumers import ConsumerApp, Message
+from bandgate.core.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
+from bandgate.topology import naming
+from bandgate.topology.declare import apply_topology
+from bandgate.topology.loader import parse_topology
+from bandgate.topology.wire import Envelope
 from tests.integration.test_consumer_process import RECORD_ENV, ROOT, Workers
-from topology import naming
-from topology.declare import apply_topology
-from topology.loader import parse_topology
-from topology.wire import Envelope
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
 
@@ -47,7 +47,7 @@ class KillableWorkers(Workers):
     def start(self) -> subprocess.Popen[bytes]:
         env = {**os.environ, "BANDGATE_AMQP_URL": self.amqp_url, RECORD_ENV: str(self.record_path)}
         process = subprocess.Popen(
-            [sys.executable, "-m", "consumers", f"{__name__}:app",
+            [sys.executable, "-m", "bandgate.consumers", f"{__name__}:app",
              "--log-level", "error"],
             cwd=ROOT,
             env=env,

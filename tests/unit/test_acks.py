@@ -1,5 +1,5 @@
-"""consumers.acks writes basic.ack frames itself (byte for byte what pamqp writes) and a loop
-turn's acks as one payload per connection, never on a closing channel."""
+"""bandgate.consumers.acks writes basic.ack frames itself (byte for byte what pamqp writes)
+and a loop turn's acks as one payload per connection, never on a closing channel."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pamqp import commands
 from pamqp import frame as amqp_frame
 
-from consumers.acks import AckWriter, ack_frame
+from bandgate.consumers.acks import AckWriter, ack_frame
 
 
 @given(

@@ -3,8 +3,15 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from gateway.auth import Authenticator, Principal, TokenBucket, TokenSpec, hash_token, new_token
-from gateway.errors import ApiError
+from bandgate.gateway.auth import (
+    Authenticator,
+    Principal,
+    TokenBucket,
+    TokenSpec,
+    hash_token,
+    new_token,
+)
+from bandgate.gateway.errors import ApiError
 
 
 def test_tokens_are_random_and_hashed() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.local_broker import LocalBroker, LocalBrokerError
+from bandgate.ops.local_broker import LocalBroker, LocalBrokerError
 from tools import broker_roots
 from tools.broker_roots import RootError
 

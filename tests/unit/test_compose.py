@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from topology import export
+from bandgate.topology import export
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = {"rabbitmq", "gateway", "worker"}

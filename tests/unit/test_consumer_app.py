@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-import consumers
-from consumers import ConsumerApp, Message, Reject, Retry
-from consumers.errors import ConfigurationError, TimeLimitExceeded
-from consumers.invoke import invoke, is_async
-from consumers.settings import WorkerSettings
-from consumers.testing import Ack, DeadLetter, RetryLater, deliver, make_message
-from topology.loader import TopologyError
-from topology.model import Topology
+import bandgate.consumers
+from bandgate.consumers import ConsumerApp, Message, Reject, Retry
+from bandgate.consumers.errors import ConfigurationError, TimeLimitExceeded
+from bandgate.consumers.invoke import invoke, is_async
+from bandgate.consumers.settings import WorkerSettings
+from bandgate.consumers.testing import Ack, DeadLetter, RetryLater, deliver, make_message
+from bandgate.topology.loader import TopologyError
+from bandgate.topology.model import Topology
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def app(topology: Topology) -> ConsumerApp:
 
 
 def test_the_package_exports_the_documented_names() -> None:
-    assert consumers.__all__ == ["ConsumerApp", "Message", "Reject", "Retry"]
+    assert bandgate.consumers.__all__ == ["ConsumerApp", "Message", "Reject", "Retry"]
 
 
 def test_the_decorated_function_stays_a_plain_function(app: ConsumerApp) -> None:

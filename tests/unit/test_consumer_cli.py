@@ -8,10 +8,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from consumers import ConsumerApp, Message
-from consumers.cli import AppNotFound, load_app, worker
-from consumers.settings import WorkerSettings
-from topology.loader import parse_topology
+from bandgate.consumers import ConsumerApp, Message
+from bandgate.consumers.cli import AppNotFound, load_app, worker
+from bandgate.consumers.settings import WorkerSettings
+from bandgate.topology.loader import parse_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,7 +59,7 @@ def test_load_app_finds_the_app_and_defaults_to_the_app_attribute() -> None:
 
 def test_python_dash_m_consumers_runs_the_same_command() -> None:
     completed = subprocess.run(
-        [sys.executable, "-m", "consumers", "no_such_module:app"],
+        [sys.executable, "-m", "bandgate.consumers", "no_such_module:app"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -94,8 +94,8 @@ def test_metrics_port_option_overrides_the_environment(
 ) -> None:
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr("consumers.cli.Worker", _RecordingWorker)
-    monkeypatch.setattr("consumers.cli.load_app", lambda _: _one_consumer_app())
+    monkeypatch.setattr("bandgate.consumers.cli.Worker", _RecordingWorker)
+    monkeypatch.setattr("bandgate.consumers.cli.load_app", lambda _: _one_consumer_app())
     _RecordingWorker.settings = []
     result = CliRunner().invoke(bandgate(), ["worker", "tasks:app", *arguments])
     assert result.exit_code == 0, result.output

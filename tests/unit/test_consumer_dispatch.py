@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from consumers.dispatch import (
+from bandgate.consumers.dispatch import (
     Dispatcher,
     DispatcherClosed,
     StrictPolicy,

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from consumers.testing import Ack, DeadLetter, RetryLater, deliver, make_message
+from bandgate.consumers.testing import Ack, DeadLetter, RetryLater, deliver, make_message
 
 ROOT = Path(__file__).resolve().parents[2]
 

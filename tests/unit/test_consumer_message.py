@@ -9,13 +9,13 @@ from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from consumers.errors import MalformedMessage
-from consumers.message import read_message
-from consumers.outcome import DeadLetter, RetryLater
-from consumers.republish import carried_headers, dead_letter_message, retry_envelope
-from topology import wire
-from topology.model import QueueSpec
-from topology.wire import (
+from bandgate.consumers.errors import MalformedMessage
+from bandgate.consumers.message import read_message
+from bandgate.consumers.outcome import DeadLetter, RetryLater
+from bandgate.consumers.republish import dead_letter_message, retry_envelope
+from bandgate.topology import wire
+from bandgate.topology.model import QueueSpec
+from bandgate.topology.wire import (
     ATTEMPTS,
     DELIVERY_COUNT,
     FAILED_AT,
@@ -24,6 +24,7 @@ from topology.wire import (
     FAILURE_TYPE,
     ORIGINAL_BAND,
     RETRY_REASON,
+    carried_headers,
 )
 
 ORDERS = QueueSpec(name="orders")

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from consumers import ConsumerApp, Message, Reject, Retry
-from consumers.balance import surplus
-from consumers.errors import MalformedMessage
-from consumers.ordering import ordered_outcome
-from consumers.outcome import Ack, DeadLetter, RetryLater
-from consumers.testing import deliver, make_message
-from topology.loader import parse_topology
-from topology.model import FailureStrategy, RetryPolicy
+from bandgate.consumers import ConsumerApp, Message, Reject, Retry
+from bandgate.consumers.balance import surplus
+from bandgate.consumers.errors import MalformedMessage
+from bandgate.consumers.ordering import ordered_outcome
+from bandgate.consumers.outcome import Ack, DeadLetter, RetryLater
+from bandgate.consumers.testing import deliver, make_message
+from bandgate.topology.loader import parse_topology
+from bandgate.topology.model import FailureStrategy, RetryPolicy
 
 POLICY = RetryPolicy(max_attempts=3, backoff_initial_seconds=1.0, jitter=0.0)
 

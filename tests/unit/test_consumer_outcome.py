@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from consumers import Reject, Retry
-from consumers.errors import MalformedMessage, TimeLimitExceeded
-from consumers.outcome import (
+from bandgate.consumers import Reject, Retry
+from bandgate.consumers.errors import MalformedMessage, TimeLimitExceeded
+from bandgate.consumers.outcome import (
     MAX_REASON_CHARS,
     Ack,
     DeadLetter,
@@ -16,8 +16,8 @@ from consumers.outcome import (
     before_handler,
     describe,
 )
-from consumers.testing import make_message
-from topology.model import RetryPolicy
+from bandgate.consumers.testing import make_message
+from bandgate.topology.model import RetryPolicy
 
 POLICY = RetryPolicy(
     max_attempts=4,

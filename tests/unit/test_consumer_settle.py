@@ -10,13 +10,13 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from aio_pika.exceptions import ChannelInvalidStateError
 
-from consumers.acks import AckWriter
-from consumers.outcome import Ack, DeadLetter, RetryLater
-from consumers.settle import Settler
-from consumers.testing import make_message
-from gateway.publishing import ChannelSet, ConfirmTimeout, Published, Publisher
-from topology.model import DelaySettings, QueueSpec, Topology
-from topology.wire import Envelope
+from bandgate.consumers.acks import AckWriter
+from bandgate.consumers.outcome import Ack, DeadLetter, RetryLater
+from bandgate.consumers.settle import Settler
+from bandgate.consumers.testing import make_message
+from bandgate.core.publishing import ChannelSet, ConfirmTimeout, Published, Publisher
+from bandgate.topology.model import DelaySettings, QueueSpec, Topology
+from bandgate.topology.wire import Envelope
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 TOPOLOGY = Topology(queues={"orders": QueueSpec(name="orders")}, delay=DelaySettings(levels=10))

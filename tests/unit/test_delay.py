@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from topology import naming
-from topology.delay import DelayLadder
-from topology.loader import parse_topology
-from topology.model import Topology
-from topology.objects import Plan, plan
+from bandgate.topology import naming
+from bandgate.topology.delay import DelayLadder
+from bandgate.topology.loader import parse_topology
+from bandgate.topology.model import Topology
+from bandgate.topology.objects import Plan, plan
 
 LADDER = DelayLadder("bandgate", base_ms=50, levels=12)
 

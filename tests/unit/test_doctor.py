@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from topology.broker_report import BandOrdering, BrokerCheckError, BrokerReport, Finding
-from topology.conflicts import exchange_conflicts, queue_conflicts
-from topology.doctor import band_ordering, log_report
-from topology.loader import parse_topology
-from topology.model import Band, Topology
-from topology.objects import plan
-from topology.policy_checks import Policy, effective_policy, policy_findings
+from bandgate.topology.broker_report import BandOrdering, BrokerCheckError, BrokerReport, Finding
+from bandgate.topology.conflicts import exchange_conflicts, queue_conflicts
+from bandgate.topology.doctor import band_ordering, log_report
+from bandgate.topology.loader import parse_topology
+from bandgate.topology.model import Band, Topology
+from bandgate.topology.objects import plan
+from bandgate.topology.policy_checks import Policy, effective_policy, policy_findings
 
 
 @pytest.fixture
@@ -217,7 +217,7 @@ def test_a_report_raises_only_for_errors(caplog: pytest.LogCaptureFixture) -> No
         "RabbitMQ 3.10.8 on Erlang 25.2, cluster 'rabbit@x', management API 3.10.8"
     )
     assert failing.to_json()["ordering"][0]["ordering"] == "FIFO within band"
-    with caplog.at_level(logging.INFO, logger="topology.doctor"):
+    with caplog.at_level(logging.INFO, logger="bandgate.topology.doctor"):
         log_report(failing)
     assert "in-band order of orders.hot: FIFO within band (why)" in caplog.text
     levels = {record.getMessage(): record.levelname for record in caplog.records}

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import ApiError
-from gateway.schemas import parse_publish
-from topology.model import QueueSpec, Topology
+from bandgate.gateway.errors import ApiError
+from bandgate.gateway.schemas import parse_publish
+from bandgate.topology.model import QueueSpec, Topology
 
 TOPOLOGY = Topology(queues={"orders": QueueSpec(name="orders")})
 ORDERS = TOPOLOGY.queue("orders")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from topology import naming
+from bandgate.topology import naming
 
 
 def test_band_and_dead_letter_names() -> None:

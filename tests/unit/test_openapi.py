@@ -12,14 +12,14 @@ import schemathesis
 from pydantic import ValidationError
 from starlette.routing import Route
 
-from gateway.app import create_app
-from gateway.dlq_routes import ReplayRequest
-from gateway.errors import ApiError
-from gateway.json_input import MalformedJson, parse_json
-from gateway.openapi import ApiLimits, openapi_document
-from gateway.schemas import parse_publish
-from gateway.settings import GatewaySettings
-from topology.loader import parse_topology
+from bandgate.gateway.app import create_app
+from bandgate.gateway.dlq_routes import ReplayRequest
+from bandgate.gateway.errors import ApiError
+from bandgate.gateway.json_input import MalformedJson, parse_json
+from bandgate.gateway.openapi import ApiLimits, openapi_document
+from bandgate.gateway.schemas import parse_publish
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.topology.loader import parse_topology
 
 TOPOLOGY = parse_topology({"delay": {"base_ms": 50, "levels": 12}, "queues": {"orders": {}}})
 SETTINGS = GatewaySettings(

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from topology.priority import ALIASES, DEFAULT_PRIORITY, PriorityError, parse_priority
+from bandgate.topology.priority import ALIASES, DEFAULT_PRIORITY, PriorityError, parse_priority
 
 
 @pytest.mark.parametrize("level", range(10))

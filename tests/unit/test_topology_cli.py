@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gateway.local_broker import free_port
-from topology import export
-from topology.cli import app, duration, redact
-from topology.loader import TOPOLOGY_ENV, load_topology
+from bandgate.ops.local_broker import free_port
+from bandgate.ops.topology_cli import app, duration, redact
+from bandgate.topology import export
+from bandgate.topology.loader import TOPOLOGY_ENV, load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "bandgate.toml"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from topology import export
-from topology.loader import load_topology, parse_topology
-from topology.model import Topology
-from topology.objects import plan
+from bandgate.topology import export
+from bandgate.topology.loader import load_topology, parse_topology
+from bandgate.topology.model import Topology
+from bandgate.topology.objects import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "rabbitmq" / "definitions.json"

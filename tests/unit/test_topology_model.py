@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from topology.loader import TOPOLOGY_ENV, TopologyError, load_topology, parse_topology
-from topology.model import Band, QueueSpec, RetryPolicy, Topology, UnknownQueueError
+from bandgate.topology.loader import TOPOLOGY_ENV, TopologyError, load_topology, parse_topology
+from bandgate.topology.model import Band, QueueSpec, RetryPolicy, Topology, UnknownQueueError
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from topology import naming, wire
-from topology.loader import load_topology, parse_topology
-from topology.model import Topology
-from topology.objects import BindingDecl, Plan, QueueDecl, band_arguments, plan
-from topology.priority import MAX_PRIORITY, MIN_PRIORITY
+from bandgate.topology import naming, wire
+from bandgate.topology.loader import load_topology, parse_topology
+from bandgate.topology.model import Topology
+from bandgate.topology.objects import BindingDecl, Plan, QueueDecl, band_arguments, plan
+from bandgate.topology.priority import MAX_PRIORITY, MIN_PRIORITY
 
 ROOT = Path(__file__).resolve().parents[2]
 

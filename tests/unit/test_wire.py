@@ -5,8 +5,8 @@ from datetime import UTC, datetime, timedelta
 
 import aio_pika
 
-from topology import wire
-from topology.wire import Envelope, HeaderValue
+from bandgate.topology import wire
+from bandgate.topology.wire import Envelope, HeaderValue
 
 ENQUEUED = datetime(2026, 1, 2, 3, 4, 5, 678_000, tzinfo=UTC)
 

@@ -12,17 +12,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from consumers.republish import carried_headers
-from topology import wire
-from topology.model import QueueSpec
-from topology.priority import MAX_PRIORITY, MIN_PRIORITY
-from topology.wire import (
+from bandgate.topology import wire
+from bandgate.topology.model import QueueSpec
+from bandgate.topology.priority import MAX_PRIORITY, MIN_PRIORITY
+from bandgate.topology.wire import (
     ATTEMPTS,
     FAILED_AT,
     FAILURE_CAUSE,
     FAILURE_REASON,
     FAILURE_TYPE,
     ORIGINAL_BAND,
+    carried_headers,
 )
 
 REPLAYS = wire.REPLAYS

@@ -9,9 +9,9 @@ from typing import Annotated
 import typer
 import uvicorn
 
-from consumers.cli import worker
-from gateway.ops_cli import register as register_ops
-from topology.cli import app as topology_app
+from bandgate.consumers.cli import worker
+from bandgate.ops.ops_cli import register as register_ops
+from bandgate.ops.topology_cli import app as topology_app
 
 root = typer.Typer(
     help="bandgate: a priority-band gateway over RabbitMQ.",
@@ -30,15 +30,15 @@ def gateway(
     workers: Annotated[int | None, typer.Option(help="processes [BANDGATE_WORKERS]")] = None,
 ) -> None:
     """Serve the HTTP gateway (configuration from BANDGATE_* variables)."""
-    from gateway.http_server import server_options
-    from gateway.settings import GatewaySettings
+    from bandgate.gateway.http_server import server_options
+    from bandgate.gateway.settings import GatewaySettings
 
     for name, value in (("HOST", host), ("PORT", port), ("WORKERS", workers)):
         if value is not None:
             os.environ[f"BANDGATE_{name}"] = str(value)  # worker processes read it too
     settings = GatewaySettings()
     uvicorn.run(
-        "gateway.app:create_app",
+        "bandgate.gateway.app:create_app",
         factory=True,
         workers=settings.workers,
         **server_options(settings),
@@ -54,7 +54,7 @@ def dev(
 
     With BANDGATE_AMQP_URL set, that broker is used and no node is started.
     """
-    from gateway.dev import run_dev
+    from bandgate.ops.dev import run_dev
 
     run_dev(host, port)
 
@@ -71,7 +71,7 @@ def token(
 
     from pydantic import ValidationError
 
-    from gateway.auth import TokenSpec, hash_token, new_token
+    from bandgate.gateway.auth import TokenSpec, hash_token, new_token
 
     secret = new_token()
     try:

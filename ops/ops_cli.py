@@ -14,8 +14,9 @@ from aio_pika.abc import AbstractConnection
 from rich.markup import escape
 from rich.table import Table
 
-from gateway.dlq_cli import dlq_app
-from gateway.ops_support import (
+from bandgate.core.queue_stats import BandStats, QueueStats, collect_queue_stats
+from bandgate.ops.dlq_cli import dlq_app
+from bandgate.ops.ops_support import (
     JsonOption,
     QueueArgument,
     age_text,
@@ -25,14 +26,13 @@ from gateway.ops_support import (
     fail,
     run,
 )
-from gateway.stats import BandStats, QueueStats, collect_queue_stats
-from topology import naming
-from topology.broker_report import BrokerReport
-from topology.cli import AmqpUrlOption, ManagementUrlOption, TopologyOption, redact
-from topology.doctor import check_broker
-from topology.management import ManagementClient, vhost_of
-from topology.model import Topology
-from topology.settings import BrokerSettings
+from bandgate.ops.topology_cli import AmqpUrlOption, ManagementUrlOption, TopologyOption, redact
+from bandgate.topology import naming
+from bandgate.topology.broker_report import BrokerReport
+from bandgate.topology.doctor import check_broker
+from bandgate.topology.management import ManagementClient, vhost_of
+from bandgate.topology.model import Topology
+from bandgate.topology.settings import BrokerSettings
 
 
 def _management(settings: BrokerSettings) -> ManagementClient | None:

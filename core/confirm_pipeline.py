@@ -29,7 +29,7 @@ from aiormq.abc import ChannelFrame
 from pamqp import frame as amqp_frame
 from pamqp.body import ContentBody
 
-from gateway.amqp_header import content_header_frame
+from bandgate.core.amqp_header import content_header_frame
 
 Confirmation = asyncio.Future[Any]
 ChannelFactory = Callable[[], Awaitable[AbstractChannel]]

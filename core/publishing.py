@@ -22,7 +22,7 @@ import aio_pika
 import aiormq
 from opentelemetry import trace
 
-from gateway.confirm_pipeline import (  # ChannelSet and the factory are part of this API
+from bandgate.core.confirm_pipeline import (  # ChannelSet and the factory are part of this API
     ChannelSet,
     Confirmation,
     ConfirmPipeline,
@@ -30,10 +30,10 @@ from gateway.confirm_pipeline import (  # ChannelSet and the factory are part of
     NotSent,
     confirm_channel_factory,
 )
-from gateway.telemetry import Telemetry, inject_context
-from topology import naming, wire
-from topology.model import Topology
-from topology.wire import Envelope
+from bandgate.core.telemetry import Telemetry, inject_context
+from bandgate.topology import naming, wire
+from bandgate.topology.model import Topology
+from bandgate.topology.wire import Envelope
 
 log = logging.getLogger(__name__)
 

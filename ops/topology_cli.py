@@ -26,13 +26,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from topology import naming
-from topology.declare import ApplyReport, apply_topology
-from topology.export import DEV_PASSWORD, DEV_USER, definitions, to_json
-from topology.loader import TopologyError
-from topology.management import ManagementClient, vhost_of
-from topology.model import Band, QueueSpec, RetryPolicy, Topology
-from topology.settings import BrokerSettings
+from bandgate.topology import naming
+from bandgate.topology.declare import ApplyReport, apply_topology
+from bandgate.topology.export import DEV_PASSWORD, DEV_USER, definitions, to_json
+from bandgate.topology.loader import TopologyError
+from bandgate.topology.management import ManagementClient, vhost_of
+from bandgate.topology.model import Band, QueueSpec, RetryPolicy, Topology
+from bandgate.topology.settings import BrokerSettings
 
 CONNECT_TIMEOUT_SECONDS = 10.0
 

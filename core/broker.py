@@ -15,14 +15,14 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
-from gateway.publishing import BrokerUnavailable, ChannelSet, Publisher
-from gateway.telemetry import Telemetry
-from topology import naming
-from topology.declare import TopologyConflictError, apply_topology, broker_version
-from topology.doctor import check_broker, log_report
-from topology.loader import TopologyError
-from topology.management import ManagementClient, vhost_of
-from topology.model import Topology
+from bandgate.core.publishing import BrokerUnavailable, ChannelSet, Publisher
+from bandgate.core.telemetry import Telemetry
+from bandgate.topology import naming
+from bandgate.topology.declare import TopologyConflictError, apply_topology, broker_version
+from bandgate.topology.doctor import check_broker, log_report
+from bandgate.topology.loader import TopologyError
+from bandgate.topology.management import ManagementClient, vhost_of
+from bandgate.topology.model import Topology
 
 log = logging.getLogger(__name__)
 

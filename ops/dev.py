@@ -18,14 +18,14 @@ import aio_pika
 import uvicorn
 from rich.console import Console
 
-from gateway.app import create_app
-from gateway.http_server import server_options
-from gateway.local_broker import LocalBroker, free_port, port_open
-from gateway.settings import GatewaySettings
-from topology import naming
-from topology.declare import apply_topology
-from topology.management import ManagementClient, vhost_of
-from topology.model import Topology
+from bandgate.gateway.app import create_app
+from bandgate.gateway.http_server import server_options
+from bandgate.gateway.settings import GatewaySettings
+from bandgate.ops.local_broker import LocalBroker, free_port, port_open
+from bandgate.topology import naming
+from bandgate.topology.declare import apply_topology
+from bandgate.topology.management import ManagementClient, vhost_of
+from bandgate.topology.model import Topology
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from gateway.dead_letters import (
+from bandgate.core.dead_letters import (
     MAX_LIST,
     MAX_RATE,
     MAX_REASON,
@@ -37,8 +37,8 @@ from gateway.dead_letters import (
     read_dead_letters,
     replay,
 )
-from gateway.dlq_access import LOCK_WAIT_SECONDS, MAX_LOCK_WAIT
-from gateway.ops_support import (
+from bandgate.core.dlq_access import LOCK_WAIT_SECONDS, MAX_LOCK_WAIT
+from bandgate.ops.ops_support import (
     JsonOption,
     QueueArgument,
     age_text,
@@ -48,10 +48,10 @@ from gateway.ops_support import (
     fail,
     run,
 )
-from topology import naming
-from topology.cli import AmqpUrlOption, ManagementUrlOption, TopologyOption
-from topology.declare import broker_version, parse_version
-from topology.model import Topology
+from bandgate.ops.topology_cli import AmqpUrlOption, ManagementUrlOption, TopologyOption
+from bandgate.topology import naming
+from bandgate.topology.declare import broker_version, parse_version
+from bandgate.topology.model import Topology
 
 
 def _reason(value: str | None) -> str | None:

@@ -17,9 +17,9 @@ from aio_pika.abc import AbstractConnection
 from pydantic import ValidationError
 from rich.console import Console
 
-from gateway.dlq_access import DeadLetterError
-from gateway.stats import StatsError
-from topology.cli import (
+from bandgate.core.dlq_access import DeadLetterError
+from bandgate.core.queue_stats import StatsError
+from bandgate.ops.topology_cli import (
     AmqpUrlOption,
     CliFailure,
     ManagementUrlOption,
@@ -29,9 +29,9 @@ from topology.cli import (
     reason,
     redact,
 )
-from topology.loader import TopologyError
-from topology.model import Topology, UnknownQueueError
-from topology.settings import BrokerSettings
+from bandgate.topology.loader import TopologyError
+from bandgate.topology.model import Topology, UnknownQueueError
+from bandgate.topology.settings import BrokerSettings
 
 T = TypeVar("T")
 

@@ -18,11 +18,9 @@ import aiormq
 import httpx
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from gateway.broker import BrokerLink
-from gateway.errors import ApiError
-from topology import naming, wire
-from topology.management import ManagementClient
-from topology.model import QueueSpec, Topology
+from bandgate.topology import naming, wire
+from bandgate.topology.management import ManagementClient
+from bandgate.topology.model import QueueSpec, Topology
 
 
 class ShardStats(TypedDict):
@@ -153,16 +151,6 @@ async def collect_queue_stats(
     )
 
 
-async def queue_stats(link: BrokerLink, topology: Topology, spec: QueueSpec) -> QueueStats:
-    """`collect_queue_stats` over the gateway's broker link, failures as API errors (503)."""
-    if link.connection is None or not link.connected:
-        raise ApiError(503, "broker_unavailable", link.problem or "not connected to the broker")
-    try:
-        return await collect_queue_stats(link.connection, topology, spec, link.management)
-    except StatsError as exc:
-        raise ApiError(503, exc.code, str(exc)) from None
-
-
 def head_age_seconds(
     view: Mapping[str, Any] | None, ready: int | None, now: datetime
 ) -> float | None:
@@ -221,5 +209,4 @@ __all__ = [
     "collect_queue_stats",
     "describe_queue",
     "head_age_seconds",
-    "queue_stats",
 ]

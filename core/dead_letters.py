@@ -34,8 +34,8 @@ from typing import Any
 
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
-from gateway.dead_letter_records import DeadLetter, matches, read_dead_letter, replay_envelope
-from gateway.dlq_access import (
+from bandgate.core.dead_letter_records import DeadLetter, matches, read_dead_letter, replay_envelope
+from bandgate.core.dlq_access import (
     LOCK_WAIT_SECONDS,
     depth,
     dlq_channel,
@@ -43,9 +43,9 @@ from gateway.dlq_access import (
     holding,
     settle,
 )
-from gateway.publishing import ChannelSet, Publisher, PublishFailure, confirm_channel_factory
-from topology import naming, wire
-from topology.model import QueueSpec, Topology
+from bandgate.core.publishing import ChannelSet, Publisher, PublishFailure, confirm_channel_factory
+from bandgate.topology import naming, wire
+from bandgate.topology.model import QueueSpec, Topology
 
 MAX_LIST = 10_000
 MAX_REPLAY = 10_000
