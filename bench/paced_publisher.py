@@ -1,11 +1,11 @@
 """Hot messages at a steady rate, from a process of its own (the priority benchmark's load).
 
-`python -m bench.paced_publisher CONFIG` (a `PacedConfig` as JSON) publishes `rate` messages
+`python -m bench.paced_publisher CONFIG OUT` (a `PacedConfig` as JSON) publishes `rate` messages
 per second, confirmed and persistent, in bandgate's wire format, with a 1 KiB JSON payload
 carrying `seq` (negative during the warm-up), `t` (wall-clock publish time) and `run`; the
 worker's handler turns `t` into a wait. It prints `measuring` when the measured part starts
 and `sent` once its last message is written, then waits for the confirms and writes the
-measured messages' publish times to `out`. It publishes with `bench.raw_amqp` (frames made
+measured messages' publish times to OUT. It publishes with `bench.raw_amqp` (frames made
 once, ~tens of microseconds per message), so that it leaves the two cores to the worker and
 the broker. `PacedPublisher` is the parent's handle.
 """
@@ -13,19 +13,15 @@ the broker. `PacedPublisher` is the parent's handle.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 import orjson
 
 from bandgate.topology import wire
-from bench.environment import wait_for_line
+from bench.child import ChildProcess
 from bench.raw_amqp import RawPublisher, message_ids
 
 FILLER = "x" * 940  # with the other fields, about 1 KiB on the wire
@@ -41,7 +37,6 @@ class PacedConfig:
     warmup_seconds: float
     seconds: float
     run: str
-    out: str = ""
 
 
 def body(seq: int, t: float, run: str) -> bytes:
@@ -81,51 +76,26 @@ def publish(config: PacedConfig) -> dict[int, float]:
 def main() -> None:
     config = PacedConfig(**json.loads(sys.argv[1]))
     sent = publish(config)
-    Path(config.out).write_bytes(orjson.dumps({str(seq): t for seq, t in sent.items()}))
+    Path(sys.argv[2]).write_bytes(orjson.dumps({str(seq): t for seq, t in sent.items()}))
 
 
-class PacedPublisher:
+class PacedPublisher(ChildProcess):
     """Start the publisher; `measuring()`, `sent()`, then `result()` for the publish times."""
 
     def __init__(self, config: PacedConfig) -> None:
-        descriptor, config.out = tempfile.mkstemp(prefix="bench-paced-", suffix=".json")
-        os.close(descriptor)
-        self.config = config
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.paced_publisher", json.dumps(asdict(config))],
-            stdout=subprocess.PIPE,
-            bufsize=0,
-        )
-        self.pid = self.process.pid
+        super().__init__("bench.paced_publisher", config)
+        self.seconds = config.seconds
 
     def measuring(self, timeout: float = 60.0) -> None:
-        wait_for_line(self.process, "measuring", timeout)
+        self.expect_line("measuring", timeout)
 
     def sent(self) -> None:
-        wait_for_line(self.process, "sent", self.config.seconds * 3 + 30)
+        self.expect_line("sent", self.seconds * 3 + 30)
 
     def result(self, timeout: float = 60.0) -> dict[int, float]:
         """Publish time of each measured message, by `seq`, once the process is done."""
-        if self.process.wait(timeout) != 0:
-            raise RuntimeError(f"the paced publisher exited with {self.process.returncode}")
-        sent: dict[str, float] = orjson.loads(Path(self.config.out).read_bytes())
+        sent: dict[str, float] = self.wait(timeout)
         return {int(seq): t for seq, t in sent.items()}
-
-    def __enter__(self) -> PacedPublisher:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-        Path(self.config.out).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

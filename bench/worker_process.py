@@ -1,6 +1,6 @@
 """The consuming side of the consume, priority and memory benchmarks, in a process of its own.
 
-`python -m bench.worker_process CONFIG` (CONFIG: a `WorkerConfig` as JSON) runs one of:
+`python -m bench.worker_process CONFIG OUT` (CONFIG: a `WorkerConfig` as JSON) runs one of:
 
 - `bandgate`: the real consumer library as `bandgate worker` runs it (`ConsumerApp`,
   `@app.consumer`, `Worker.serve()`: waterfall dispatch, settling, telemetry, signals);
@@ -10,7 +10,7 @@
 
 Both run the same handler: record the message, then sleep `handler_ms` (nothing at 0). The
 process prints `ready` once it consumes, stops after `expect` messages (0: on SIGTERM) and
-writes what it recorded to `out` as JSON. `WorkerProcess` is the parent's handle on it.
+writes what it recorded to OUT as JSON. `WorkerProcess` is the parent's handle on it.
 """
 
 from __future__ import annotations
@@ -19,24 +19,21 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 
 import aio_pika
 import orjson
 
 from bandgate.consumers.worker import run_on_event_loop
-from bench.environment import cpu_seconds, machine_busy_seconds, wait_for_line
+from bench.child import ChildProcess
+from bench.environment import cpu_seconds, machine_busy_seconds
 
 Kind = Literal["bandgate", "plain"]
 
@@ -55,7 +52,6 @@ class WorkerConfig:
     warmup: int = 1  # the drain is timed from this message on
     run: str = ""  # hot messages of other runs count as background
     broker_pid: int | None = None  # to read the broker's CPU time at the first and last message
-    out: str = ""
 
 
 class Recorder:
@@ -175,67 +171,25 @@ def main() -> None:
         run_on_event_loop(run_bandgate(config, recorder))  # the loop `bandgate worker` runs on
     else:
         run_on_event_loop(run_plain(config, recorder), config.plain_loop)
-    Path(config.out).write_bytes(orjson.dumps(recorder.result()))
+    Path(sys.argv[2]).write_bytes(orjson.dumps(recorder.result()))
 
 
-class WorkerProcess:
+class WorkerProcess(ChildProcess):
     """Start a worker process and wait until it consumes; `wait()` or `stop()` for its record."""
 
     def __init__(self, config: WorkerConfig, start_timeout: float = 60.0) -> None:
-        descriptor, config.out = tempfile.mkstemp(prefix="bench-worker-", suffix=".json")
-        os.close(descriptor)
-        self.config = config
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.worker_process", json.dumps(asdict(config))],
-            stdout=subprocess.PIPE,
-            bufsize=0,
-        )
-        self.pid = self.process.pid
+        super().__init__("bench.worker_process", config)
         try:
-            wait_for_line(self.process, "ready", start_timeout)
+            self.expect_line("ready", start_timeout)
         except BaseException:
             self.__exit__(None, None, None)
             raise
 
-    def wait(self, timeout: float) -> dict[str, Any]:
-        """The record, once the worker stopped by itself (after `expect` messages)."""
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise RuntimeError(f"the worker did not finish within {timeout:g} s") from None
-        return self._result()
-
     def stop(self, timeout: float = 30.0) -> dict[str, Any]:
         """SIGTERM (a clean shutdown), then the record."""
         self.process.send_signal(signal.SIGTERM)
-        return self.wait(timeout)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-    def _result(self) -> dict[str, Any]:
-        if self.process.returncode != 0:
-            raise RuntimeError(f"the worker exited with {self.process.returncode}")
-        result: dict[str, Any] = orjson.loads(Path(self.config.out).read_bytes())
-        return result
-
-    def __enter__(self) -> WorkerProcess:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.kill()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.config.out)
+        record: dict[str, Any] = self.wait(timeout)
+        return record
 
 
 if __name__ == "__main__":
