@@ -1,4 +1,4 @@
-"""`python -m bench [publish|delay|consume|priority|memory|all]`: benchmarks against the raw
+"""`python -m bench [publish|delay|consume|priority|memory|native|all]`: benchmarks against the raw
 aio-pika client and the alternatives, in one run on one broker, printed as tables and written
 as JSON under bench/results/. `all` takes about 17 minutes on two cores."""
 
@@ -17,6 +17,7 @@ from bench.consume import run_consume
 from bench.delay import run_delay
 from bench.environment import BenchBroker, bench_broker
 from bench.memory import run_memory
+from bench.native import run_native
 from bench.priority import run_priority
 from bench.publish import run_publish
 
@@ -29,6 +30,7 @@ BENCHMARKS: dict[str, Runner] = {
     "consume": lambda broker, args: run_consume(broker),
     "priority": lambda broker, args: run_priority(broker),
     "memory": lambda broker, args: run_memory(broker),
+    "native": lambda broker, args: run_native(broker),
 }
 
 

@@ -33,7 +33,9 @@ def bench_broker(version: str | None = None) -> Iterator[BenchBroker]:
         return
     root = root_for(version) if version else configured_root()
     with tempfile.TemporaryDirectory(prefix="bandgate-bench-") as tmp:
-        node = LocalBroker(Path(tmp), name="bandgate-bench", plugins=(), root=root)
+        # The consistent-hash exchange is what sharded bands route with (`python -m bench native`).
+        plugins = ("rabbitmq_consistent_hash_exchange",)
+        node = LocalBroker(Path(tmp), name="bandgate-bench", plugins=plugins, root=root)
         node.start()
         try:
             assert node.process is not None
