@@ -29,6 +29,7 @@ class ShardStats(TypedDict):
     unacked: int | None
     consumers: int | None
     oldest_ready_age_seconds: float | None
+    ready_by_priority: dict[str, int] | None
 
 
 class BandStats(TypedDict):
@@ -42,6 +43,10 @@ class BandStats(TypedDict):
     unacked: int | None
     consumers: int | None
     oldest_ready_age_seconds: float | None
+    # Ready messages per AMQP priority, where the broker counts them (quorum queues on 4.3,
+    # from the management API); None elsewhere, and for ordered queues, whose messages all
+    # carry one AMQP priority.
+    ready_by_priority: dict[str, int] | None
     shards: list[ShardStats]
 
 
@@ -111,6 +116,7 @@ async def collect_queue_stats(
                         unacked=_unacked(view) if details is not None else None,
                         consumers=consumers,
                         oldest_ready_age_seconds=head_age_seconds(view, ready, now or wire.now()),
+                        ready_by_priority=None if spec.ordered else by_priority(view),
                     )
                 )
             bands.append(
@@ -125,6 +131,7 @@ async def collect_queue_stats(
                         (age for s in shards if (age := s["oldest_ready_age_seconds"]) is not None),
                         default=None,
                     ),
+                    ready_by_priority=_sum_by_priority(s["ready_by_priority"] for s in shards),
                     shards=shards if band.shards > 1 else [],
                 )
             )
@@ -165,6 +172,34 @@ def head_age_seconds(
     if not isinstance(stamp, int | float) or isinstance(stamp, bool):
         return None
     return max(0.0, round(now.timestamp() - float(stamp), 3))
+
+
+def by_priority(view: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """Ready messages per priority from the management API's view of a queue, highest first.
+
+    RabbitMQ 4.3 reports `messages_by_priority` for quorum queues (priorities with none left
+    out); other versions and queue types do not, and get None.
+    """
+    counts = view.get("messages_by_priority") if view is not None else None
+    if not isinstance(counts, dict):
+        return None
+    found = {
+        str(key): value
+        for key, value in counts.items()
+        if str(key).isdigit() and isinstance(value, int) and value
+    }
+    return dict(sorted(found.items(), key=lambda item: -int(item[0])))
+
+
+def _sum_by_priority(shards: Iterable[dict[str, int] | None]) -> dict[str, int] | None:
+    """A sharded band's counts per priority; None when any shard's are unknown."""
+    total: dict[str, int] = {}
+    for counts in shards:
+        if counts is None:
+            return None
+        for priority, count in counts.items():
+            total[priority] = total.get(priority, 0) + count
+    return dict(sorted(total.items(), key=lambda item: -int(item[0])))
 
 
 async def _counts(channel: AbstractChannel, name: str) -> tuple[int, int]:
@@ -208,5 +243,6 @@ __all__ = [
     "StatsError",
     "collect_queue_stats",
     "describe_queue",
+    "by_priority",
     "head_age_seconds",
 ]

@@ -48,6 +48,12 @@ def _band_queues(band: BandStats) -> str:
     return f"{shards[0]['queue']} .. {shards[-1]['queue']} ({len(shards)} shards)"
 
 
+def _priority_counts(counts: dict[str, int] | None) -> str:
+    if counts is None:
+        return "-"
+    return " ".join(f"{priority}:{count}" for priority, count in counts.items()) or "0"
+
+
 def stats(
     queue: QueueArgument,
     as_json: JsonOption = False,
@@ -71,6 +77,9 @@ def stats(
         table.add_column(column)
     for column in ("Ready", "Unacked", "Consumers", "Oldest ready"):
         table.add_column(column, justify="right")
+    by_priority = any(band["ready_by_priority"] is not None for band in figures["bands"])
+    if by_priority:  # RabbitMQ 4.3 counts a quorum queue's ready messages per priority
+        table.add_column("Ready by priority")
     for band in figures["bands"]:
         low, high = band["priorities"]
         table.add_row(
@@ -81,6 +90,7 @@ def stats(
             cell_text(band["unacked"]),
             cell_text(band["consumers"]),
             age_text(band["oldest_ready_age_seconds"]),
+            *([_priority_counts(band["ready_by_priority"])] if by_priority else []),
         )
     out = console()
     out.print(table)

@@ -17,7 +17,7 @@ from bandgate.core.publishing import ChannelSet, Publisher, confirm_channel_fact
 from bandgate.core.queue_stats import QueueStats, collect_queue_stats, head_age_seconds
 from bandgate.ops.ops_cli import app
 from bandgate.topology import wire
-from bandgate.topology.declare import apply_topology
+from bandgate.topology.declare import apply_topology, broker_version, parse_version
 from bandgate.topology.management import ManagementClient, vhost_of
 from bandgate.topology.model import Topology
 from bandgate.topology.wire import Envelope
@@ -122,3 +122,47 @@ def test_stats_count_bands_delays_and_dead_letters(
     assert cold["oldest_ready_age_seconds"] is not None
     assert 55 <= cold["oldest_ready_age_seconds"] < 120
     assert cold["unacked"] == 0
+
+
+def test_ready_by_priority_where_the_broker_counts_it(
+    broker: TestBroker, amqp_url: str, topology: Topology, tmp_path: Path
+) -> None:
+    asyncio.run(publish_sample(amqp_url, topology))
+    management = ManagementClient(broker.management_url, vhost_of(amqp_url))
+
+    async def when_counted() -> tuple[QueueStats, tuple[int, ...]]:
+        connection = await aio_pika.connect(amqp_url)
+        async with connection:
+            version = parse_version(broker_version(connection))
+            deadline = time.monotonic() + (15 if version >= (4, 3) else 6)
+            while True:  # the management API refreshes its figures every 5 s
+                stats = await collect_queue_stats(
+                    connection, topology, topology.queue("orders"), management
+                )
+                if stats["bands"][1]["ready_by_priority"] or time.monotonic() > deadline:
+                    return stats, version
+                await asyncio.sleep(0.25)
+
+    stats, version = asyncio.run(when_counted())
+    hot, warm, cold = stats["bands"]
+    if version >= (4, 3):  # quorum queues count ready messages per priority
+        assert hot["ready_by_priority"] == {"9": 1, "8": 1}
+        assert list(hot["ready_by_priority"]) == ["9", "8"]  # highest first
+        assert warm["ready_by_priority"] == {"5": 1}
+        assert cold["ready_by_priority"] == {}
+    else:
+        assert [band["ready_by_priority"] for band in stats["bands"]] == [None, None, None]
+    assert (hot["ready"], warm["ready"]) == (2, 1)
+
+    runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+    common = ["--topology", str(write_topology(topology, tmp_path)), "--amqp-url", amqp_url]
+    table = runner.invoke(
+        app, ["stats", "orders", *common, "--management-url", broker.management_url]
+    )
+    assert table.exit_code == 0, table.output
+    rows = {line.split()[1]: line for line in table.stdout.splitlines() if line.startswith("│")}
+    if version >= (4, 3):
+        assert rows["hot"].split("│")[8].strip() == "9:1 8:1"
+        assert rows["cold"].split("│")[8].strip() == "0"
+    else:
+        assert "Ready by priority" not in table.stdout
