@@ -8,37 +8,16 @@ import), and nothing connects before `run()`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from bandgate.consumers.consumer import Consumer
 from bandgate.consumers.dispatch import PolicyName
 from bandgate.consumers.errors import ConfigurationError
-from bandgate.consumers.invoke import Handler, is_async
-from bandgate.consumers.options import DEFAULT_CONCURRENCY, ConsumerOptions, check_options
+from bandgate.consumers.options import DEFAULT_CONCURRENCY, check_options
 from bandgate.consumers.settings import WorkerSettings
-from bandgate.topology.model import QueueSpec, Topology
+from bandgate.topology.model import Topology
 
 HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True)
-class Consumer:
-    """One registered handler with its queue and checked options."""
-
-    handler: Handler
-    spec: QueueSpec
-    options: ConsumerOptions
-
-    @property
-    def name(self) -> str:
-        handler = self.handler
-        module = getattr(handler, "__module__", None)
-        qualname = getattr(handler, "__qualname__", None) or repr(handler)
-        return f"{module}.{qualname}" if module else qualname
-
-    @property
-    def is_async(self) -> bool:
-        return is_async(self.handler)
 
 
 class ConsumerApp:
@@ -131,7 +110,8 @@ class ConsumerApp:
 
     def run(self, *, concurrency: int | None = None) -> None:
         """Run a worker for every consumer until SIGTERM or SIGINT (blocks)."""
-        # The worker needs aio-pika's runtime; import late.
+        # The worker needs aio-pika's runtime; import late. (The worker does not import
+        # this module: it takes any `consumers.consumer.Registry`.)
         from bandgate.consumers.worker import Worker, run_until_stopped
 
         run_until_stopped(Worker(self, concurrency=concurrency))

@@ -26,9 +26,15 @@ are kept rare: only a worker above its share gives shards back, checking every
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Sequence
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
+
+from bandgate.consumers.handback import HandBack
+from bandgate.consumers.lifetime import Lifetime
+from bandgate.consumers.subscription import Subscription
 
 log = logging.getLogger(__name__)
 
@@ -74,4 +80,69 @@ async def _nothing_arrives(_: object) -> None:
     """Nobody publishes to a workers queue."""
 
 
-__all__ = ["WorkersQueue", "surplus"]
+class ShardSharing:
+    """A runner's part in the sharing: it holds no more than its share of each band's shards."""
+
+    def __init__(
+        self,
+        queue: str,
+        workers: WorkersQueue,
+        bands: Sequence[Sequence[Subscription]],
+        handback: HandBack,
+        lifetime: Lifetime,
+        interval: float,
+    ) -> None:
+        self.queue = queue
+        self.workers = workers
+        self.bands = bands
+        self.handback = handback
+        self.lifetime = lifetime
+        self.interval = interval
+        self._joined = False
+
+    async def start(self, connection: AbstractConnection, channel: AbstractChannel) -> None:
+        """Join the workers queue and check the share every `interval` s, counting the workers
+        on `channel`. A worker that cannot join keeps every shard it gets."""
+        try:
+            await self.workers.join(connection)
+        except Exception as exc:
+            log.warning(
+                "cannot join %s (%r): this worker keeps every shard it gets; run `bandgate "
+                "topology apply` to share the shards of %s out",
+                self.workers.name,
+                exc,
+                self.queue,
+            )
+            await self.workers.leave()
+            return
+        self._joined = True
+        self.lifetime.spawn(self._share(channel))
+
+    async def _share(self, channel: AbstractChannel) -> None:
+        while not self.lifetime.stopping:
+            await asyncio.sleep(self.interval)
+            workers = await self.workers.count(channel)
+            if not workers or self.lifetime.stopping:
+                continue
+            for subscriptions in self.bands:
+                held = [s for s in subscriptions if s.active and not s.releasing]
+                extra = surplus(len(held), len(subscriptions), workers)
+                if not extra:
+                    continue
+                # The ones quickest to hand back: fewest running.
+                for subscription in sorted(held, key=lambda s: s.running)[:extra]:
+                    log.info(
+                        "holding %d of %d shards with %d workers: handing %s back",
+                        len(held),
+                        len(subscriptions),
+                        workers,
+                        subscription.queue,
+                    )
+                    self.handback.hand_back(subscription)
+
+    async def leave(self) -> None:
+        if self._joined:
+            await self.workers.leave()
+
+
+__all__ = ["ShardSharing", "WorkersQueue", "surplus"]

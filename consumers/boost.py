@@ -16,6 +16,10 @@ backlog behind a drained hotter backlog (the drain of a mixed backlog) so runs o
 almost at once, while a steady hotter stream (arrivals closer than `quiet_after`) never
 boosts it.
 
+Only where it is safe and needed (`boosts`): the strict policy, the coldest band's default small
+prefetch (an override turns the boost off), one competing consumer queue for it (not sharded,
+not ordered).
+
 The price: while boosted, the first hotter message to arrive may find every slot busy with cold
 work and waits for the first to finish (at most one handler run); the inversion window stays
 `W_hot = C`. Hotter traffic arriving more often than every `idle_after` seconds keeps the band
@@ -28,17 +32,35 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 
-from bandgate.consumers.subscription import OnDelivery, Subscription
+from bandgate.consumers.options import ConsumerOptions
+from bandgate.consumers.subscription import Subscription
+from bandgate.topology.model import QueueSpec
 
 log = logging.getLogger(__name__)
+
+
+def boosts(
+    spec: QueueSpec, options: ConsumerOptions, prefetch: Sequence[int], idle_after: float
+) -> bool:
+    """Whether the coldest band of `spec` gets the full prefetch while hotter bands are idle."""
+    coldest = spec.bands[-1]
+    return (
+        idle_after > 0
+        and options.policy == "strict"
+        and len(spec.bands) > 1
+        and coldest.shards == 1
+        and not spec.ordered
+        and coldest.name not in options.prefetch_overrides
+        and prefetch[-1] < prefetch[0]
+    )
 
 
 class ColdBoost:
     def __init__(
         self,
         subscription: Subscription,
-        on_delivery: OnDelivery,
         *,
         full: int,
         idle_after: float,
@@ -50,7 +72,6 @@ class ColdBoost:
         self.idle_after = idle_after
         self.quiet_after = min(quiet_after, idle_after)
         self.boosted = False
-        self._on_delivery = on_delivery
         self._last_hotter = time.monotonic()
         self._drained_at = float("-inf")
         self._wake = asyncio.Event()
@@ -77,6 +98,7 @@ class ColdBoost:
     async def run(self) -> None:
         """Boost after `idle_after` s without hotter arrivals or once a hotter backlog drained,
         shrink at the next hotter arrival; till `stop()`."""
+        self._last_hotter = time.monotonic()  # idle from now on, not since it was made
         while not self._stopping:
             idle = time.monotonic() - self._last_hotter
             drained = self._drained_at > self._last_hotter
@@ -85,7 +107,7 @@ class ColdBoost:
             if boost != self.boosted:
                 prefetch = self.full if boost else self.small
                 try:
-                    await self.subscription.resize(prefetch, self._on_delivery)
+                    await self.subscription.resize(prefetch)
                 except Exception as exc:  # the channel closed: a reconnect restores it as it was
                     log.debug("resizing %s to %d: %r", self.subscription.queue, prefetch, exc)
                     await asyncio.sleep(self.idle_after)

@@ -182,10 +182,11 @@ class Dispatcher(Generic[T]):
     to `refill_wait` seconds after it ran dry, such a band still counts as a candidate: when
     the policy would pick it, the free slot waits for its next delivery instead of starting
     colder work. A band whose messages arrive one at a time (no backlog) never makes anybody
-    wait. When a free slot first waits for such a band (holding colder work back), `on_dry(band)`
-    lets the owner ask the broker and call `settle(band)` if the backlog really ended, so colder
-    work does not wait out the full `refill_wait`. A band that runs dry while nothing colder is
-    at hand costs no question to the broker (the coldest band's refills never do).
+    wait. When a free slot first waits for such a band (holding colder work back), the band is
+    put in `questions`: the owner asks the broker and calls `settle(band)` if the backlog
+    really ended, so colder work does not wait out the full `refill_wait` (`consumers.probe`).
+    A band that runs dry while nothing colder is at hand costs no question to the broker (the
+    coldest band's refills never do).
     """
 
     def __init__(
@@ -195,7 +196,6 @@ class Dispatcher(Generic[T]):
         concurrency: int,
         key: Callable[[T], str | None] = lambda _: None,
         refill_wait: float = 0.0,
-        on_dry: Callable[[int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if concurrency < 1:
@@ -204,14 +204,15 @@ class Dispatcher(Generic[T]):
         self.refill_wait = refill_wait
         self._policy = policy
         self._key = key
-        self._on_dry = on_dry
         self._clock = clock
         self._buffers: list[deque[T]] = [deque() for _ in range(bands)]
         self._running = 0
         self._busy_keys: set[tuple[int, str]] = set()
         self._backlog = [False] * bands  # a delivery found the buffer non-empty
         self._dry_since: list[float | None] = [None] * bands  # backlog buffer ran dry at
-        self._asked = [False] * bands  # on_dry was called in this dry spell
+        self._asked = [False] * bands  # in questions in this dry spell
+        # Bands a free slot waits for the refill of: has the broker any more of them?
+        self.questions: asyncio.Queue[int] = asyncio.Queue()
         self._changed = asyncio.Event()
         self._closed = False
 
@@ -280,9 +281,9 @@ class Dispatcher(Generic[T]):
         if position is None:
             # Wait for the refill of a band the policy prefers; ask the owner, once per dry
             # spell, whether one is coming at all.
-            if not self._asked[band] and self._on_dry is not None:
+            if not self._asked[band]:
                 self._asked[band] = True
-                self._on_dry(band)
+                self.questions.put_nowait(band)
             return None
         self._policy.commit(candidates, band)
         buffer = self._buffers[band]

@@ -1,14 +1,16 @@
 """Settling a delivery on the broker: ack, or publish a copy (confirmed) and then ack.
 
 The copy is always confirmed before the original is acked, so a failure anywhere on this path
-can duplicate a message but never lose one: when the copy is not confirmed, the original is
-returned to its band instead.
+can duplicate a message but never lose one: when the copy is not confirmed, the original stays
+unacked and `settle` says so (`Settled.UNCONFIRMED`); the caller returns it to its band, the way
+its queue returns messages (`consumers.handback`).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
@@ -20,6 +22,7 @@ from bandgate.consumers.incoming import Delivered
 from bandgate.consumers.message import Message
 from bandgate.consumers.outcome import Ack, DeadLetter, Outcome, RetryLater
 from bandgate.consumers.republish import dead_letter_message, retry_envelope
+from bandgate.consumers.telemetry import outcome_name
 from bandgate.core.publishing import Publisher, PublishFailure
 from bandgate.topology import wire
 from bandgate.topology.model import Band
@@ -37,6 +40,14 @@ _CHANNEL_GONE = (
 )
 
 
+class Settled(enum.Enum):
+    """How settling a delivery ended."""
+
+    ACKED = "acked"
+    CHANNEL_GONE = "channel gone"  # not acked: the broker has it back and delivers it again
+    UNCONFIRMED = "unconfirmed"  # its copy was not confirmed: not acked, give it back
+
+
 class Settler:
     def __init__(
         self,
@@ -49,45 +60,30 @@ class Settler:
         self.acks = acks or AckWriter()
 
     async def settle(
-        self,
-        delivery: Delivered,
-        message: Message,
-        band: Band,
-        outcome: Outcome,
-        *,
-        give_back: Callable[[Delivered], Awaitable[None]] | None = None,
-    ) -> bool:
-        """Carry out `outcome`; False when the delivery went back to the broker instead.
-
-        `give_back` returns it when its copy was not confirmed (default: `Settler.give_back`).
-        """
-        give_back = give_back or self.give_back
-        if isinstance(outcome, RetryLater):
-            longest = self.publisher.topology.ladder.max_delay_ms / 1000
-            if outcome.delay > longest:
-                log.warning(
-                    "retry delay %g s of message %s is beyond the delay ladder's %g s; using that",
-                    outcome.delay,
-                    message.message_id,
-                    longest,
-                )
-                outcome = replace(outcome, delay=longest)
-            envelope = retry_envelope(
-                delivery.body, delivery.headers, message, band, outcome, self.clock()
-            )
+        self, delivery: Delivered, message: Message, band: Band, outcome: Outcome
+    ) -> Settled:
+        """Carry out `outcome`: publish its copy (confirmed), then ack."""
+        if not isinstance(outcome, Ack):
             try:
-                await self.publisher.publish(envelope)
+                await self._publish_copy(delivery, message, band, outcome)
             except PublishFailure as exc:
                 log.error(
-                    "could not publish the retry of message %s (%s); returning it to %s.%s",
+                    "could not publish the %s copy of message %s (%s); returning it to %s.%s",
+                    outcome_name(outcome),
                     message.message_id,
                     exc,
                     message.queue,
                     band.name,
                 )
-                await give_back(delivery)
-                return False
-        elif isinstance(outcome, DeadLetter):
+                return Settled.UNCONFIRMED
+        acked = await self.ack(delivery, message.message_id)
+        return Settled.ACKED if acked else Settled.CHANNEL_GONE
+
+    async def _publish_copy(
+        self, delivery: Delivered, message: Message, band: Band, outcome: RetryLater | DeadLetter
+    ) -> None:
+        """The retry (through the delay exchanges) or the dead letter, confirmed."""
+        if isinstance(outcome, DeadLetter):
             copy = dead_letter_message(
                 delivery.body,
                 delivery.headers,
@@ -96,21 +92,21 @@ class Settler:
                 outcome,
                 self.clock(),
             )
-            try:
-                await self.publisher.dead_letter(copy, message.queue)
-            except PublishFailure as exc:
-                log.error(
-                    "could not dead-letter message %s (%s); returning it to %s.%s",
-                    message.message_id,
-                    exc,
-                    message.queue,
-                    band.name,
-                )
-                await give_back(delivery)
-                return False
-        else:
-            assert isinstance(outcome, Ack)
-        return await self.ack(delivery, message.message_id)
+            await self.publisher.dead_letter(copy, message.queue)
+            return
+        longest = self.publisher.topology.ladder.max_delay_ms / 1000
+        if outcome.delay > longest:
+            log.warning(
+                "retry delay %g s of message %s is beyond the delay ladder's %g s; using that",
+                outcome.delay,
+                message.message_id,
+                longest,
+            )
+            outcome = replace(outcome, delay=longest)
+        envelope = retry_envelope(
+            delivery.body, delivery.headers, message, band, outcome, self.clock()
+        )
+        await self.publisher.publish(envelope)
 
     async def ack(self, delivery: Delivered, message_id: str) -> bool:
         """Ack with the acks of the same loop turn (`consumers.acks`): an ack has no reply

@@ -11,15 +11,18 @@ Giving a message back differs with the queue's consumers:
   3.10.8). Messages are given back by closing the channel once nothing of the queue is running
   any more: the broker returns everything unacked to the head of the queue, in the order it
   was delivered, before the next active consumer gets anything.
+
+Deliveries are pushed: aiormq calls the subscription for each one, and it hands them to its
+`Receiver` (the runner's `consumers.intake`) with itself as the source. The receiver is an
+object given to `open`, not a closure, and the one place deliveries enter a runner.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustChannel
 from aiormq.abc import DeliveredMessage
@@ -28,7 +31,11 @@ from bandgate.consumers.incoming import Incoming
 
 log = logging.getLogger(__name__)
 
-OnDelivery = Callable[[Incoming], Awaitable[None]]
+
+class Receiver(Protocol):
+    async def receive(self, subscription: Subscription, incoming: Incoming) -> None:
+        """A delivery came on `subscription`'s queue."""
+        ...
 
 
 @dataclass(eq=False)
@@ -45,14 +52,10 @@ class Subscription:
     running: int = 0
     channel: AbstractChannel | None = None
     _consumer_tag: str | None = None
-    _on_delivery: OnDelivery | None = None
+    _receiver: Receiver | None = None
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def open(
-        self,
-        connection: AbstractConnection,
-        on_delivery: OnDelivery,
-    ) -> int:
+    async def open(self, connection: AbstractConnection, receiver: Receiver) -> int:
         """Consume the queue on a new channel; the number of messages ready just before.
 
         It consumes with aiormq (`consumers.incoming` says why), so a robust channel's own
@@ -65,22 +68,25 @@ class Subscription:
         declared = queue.declaration_result
         self.active = not self.single_active or not declared.consumer_count
         self.releasing = False
-        self._on_delivery = on_delivery
+        self._receiver = receiver
         if isinstance(channel, AbstractRobustChannel):
             channel.reopen_callbacks.add(self._restore)
         await self._consume()
         return declared.message_count or 0
 
+    async def reopen(self, connection: AbstractConnection) -> int:
+        """`open` again, with the same receiver, once `close`d."""
+        assert self._receiver is not None, "never opened"
+        return await self.open(connection, self._receiver)
+
     async def _consume(self) -> None:
         assert self.channel is not None
-        assert self._on_delivery is not None
-        on_delivery = self._on_delivery
-
-        async def deliver(delivered: DeliveredMessage) -> None:
-            await on_delivery(Incoming(delivered))
-
         underlay = await self.channel.get_underlay_channel()
-        self._consumer_tag = (await underlay.basic_consume(self.queue, deliver)).consumer_tag
+        self._consumer_tag = (await underlay.basic_consume(self.queue, self._deliver)).consumer_tag
+
+    async def _deliver(self, delivered: DeliveredMessage) -> None:
+        assert self._receiver is not None
+        await self._receiver.receive(self, Incoming(delivered))
 
     async def _restore(self, channel: Any) -> None:
         """The robust channel came back (its prefetch restored): consume again."""
@@ -88,7 +94,7 @@ class Subscription:
             return  # closed or cancelled meanwhile
         await self._consume()
 
-    async def resize(self, prefetch: int, on_delivery: OnDelivery) -> None:
+    async def resize(self, prefetch: int) -> None:
         """Consume with another prefetch; what is in hand stays and is settled as usual.
 
         RabbitMQ fixes a consumer's prefetch when it subscribes (basic.qos applies to consumers
@@ -100,7 +106,6 @@ class Subscription:
         old = self._consumer_tag
         assert old is not None
         await self.channel.set_qos(prefetch_count=prefetch)
-        self._on_delivery = on_delivery
         await self._consume()
         self.prefetch = prefetch
         underlay = await self.channel.get_underlay_channel()

@@ -3,7 +3,8 @@
 A decorated handler is a plain function, so the simplest test builds a `Message` with
 `make_message` and calls it. `deliver` goes one step further and runs the app's handler the way
 the worker would (sync handlers in a thread, the time limit, the retry policy) and returns the
-outcome the worker would settle: `Ack()`, `RetryLater(...)` or `DeadLetter(...)`.
+outcome the worker would settle: `Ack()`, `RetryLater(...)` or `DeadLetter(...)`. It decides
+through the worker's own `consumers.decide.Attempt`, so the two cannot disagree.
 
 ```python
 from bandgate.consumers.testing import Ack, DeadLetter, deliver, make_message
@@ -22,17 +23,9 @@ from datetime import datetime
 from typing import Any
 
 from bandgate.consumers.app import ConsumerApp
-from bandgate.consumers.invoke import invoke
+from bandgate.consumers.decide import Attempt
 from bandgate.consumers.message import Message
-from bandgate.consumers.ordering import ordered_outcome
-from bandgate.consumers.outcome import (
-    Ack,
-    DeadLetter,
-    Outcome,
-    RetryLater,
-    after_handler,
-    before_handler,
-)
+from bandgate.consumers.outcome import Ack, DeadLetter, Outcome, RetryLater
 from bandgate.topology import wire
 from bandgate.topology.model import QueueSpec, Topology
 from bandgate.topology.priority import DEFAULT_PRIORITY
@@ -85,20 +78,7 @@ async def deliver(app: ConsumerApp, message: Message, *, seed: int | None = None
     message again in place after `delay` seconds.
     """
     consumer = app.consumer_for(message.queue)
-    policy = consumer.options.retry
-    limit = before_handler(message, policy)
-    if limit is not None:
-        return limit
-    error: Exception | None = None
-    try:
-        await invoke(consumer.handler, message, time_limit=consumer.options.time_limit)
-    except Exception as exc:
-        error = exc
-    rng = random.Random(seed)
-    if consumer.spec.ordered:
-        strategy = consumer.spec.effective_failure_strategy
-        return ordered_outcome(error, message, policy, strategy, rng)
-    return after_handler(error, message, policy, rng)
+    return await Attempt(consumer, message).run(rng=random.Random(seed))
 
 
 __all__ = ["Ack", "DeadLetter", "Outcome", "RetryLater", "deliver", "make_message"]

@@ -20,7 +20,7 @@ import aio_pika
 from aio_pika.abc import AbstractRobustConnection
 from prometheus_client import start_http_server
 
-from bandgate.consumers.app import ConsumerApp
+from bandgate.consumers.consumer import Registry
 from bandgate.consumers.errors import ConsumerError
 from bandgate.consumers.runner import ConsumerRunner
 from bandgate.consumers.settings import EventLoopName, WorkerSettings
@@ -65,7 +65,7 @@ class Worker:
 
     def __init__(
         self,
-        app: ConsumerApp,
+        app: Registry,
         *,
         concurrency: int | None = None,
         settings: WorkerSettings | None = None,

@@ -164,31 +164,31 @@ class Clock:
         return self.now
 
 
-def refilling(clock: Clock, dry: list[int] | None = None) -> Dispatcher[Item]:
-    return Dispatcher(
-        3,
-        StrictPolicy(),
-        4,
-        key=lambda item: item[1],
-        refill_wait=0.1,
-        on_dry=None if dry is None else dry.append,
-        clock=clock,
-    )
+def refilling(clock: Clock) -> Dispatcher[Item]:
+    return Dispatcher(3, StrictPolicy(), 4, key=lambda item: item[1], refill_wait=0.1, clock=clock)
+
+
+def asked(work: Dispatcher[Item]) -> list[int]:
+    """The bands put in `questions` since the last call."""
+    bands = []
+    while not work.questions.empty():
+        bands.append(work.questions.get_nowait())
+    return bands
 
 
 def test_a_backlogged_band_that_runs_dry_keeps_its_claim_for_the_refill_wait() -> None:
-    clock, dry = Clock(), list[int]()
-    work = refilling(clock, dry)
+    clock = Clock()
+    work = refilling(clock)
     work.put(0, ("hot-1", None))
     work.put(0, ("hot-2", None))  # found the buffer non-empty: a backlog
     work.put(2, ("cold-1", None))
     assert work.take_nowait() == (0, ("hot-1", None))
     assert work.take_nowait() == (0, ("hot-2", None))
-    assert dry == []  # nothing waits for it yet
+    assert asked(work) == []  # nothing waits for it yet
     assert work.take_nowait() is None  # the hot refill is probably on its way
-    assert dry == [0]  # cold work waits: the owner is asked to check the broker
+    assert asked(work) == [0]  # cold work waits: the owner is asked to check the broker
     assert work.take_nowait() is None
-    assert dry == [0]  # once per dry spell
+    assert asked(work) == []  # once per dry spell
     assert work.waiting_for_refill() == [0]
     clock.now += 0.05
     work.put(0, ("hot-3", None))  # and here it is
@@ -200,8 +200,7 @@ def test_a_backlogged_band_that_runs_dry_keeps_its_claim_for_the_refill_wait() -
 
 
 def test_a_band_running_dry_with_nothing_colder_at_hand_asks_nothing() -> None:
-    clock, dry = Clock(), list[int]()
-    work = refilling(clock, dry)
+    work = refilling(Clock())
     for name in ("cold-1", "cold-2", "cold-3"):
         work.put(2, (name, None))
     assert [work.take_nowait() for _ in range(3)] == [
@@ -210,7 +209,7 @@ def test_a_band_running_dry_with_nothing_colder_at_hand_asks_nothing() -> None:
         (2, ("cold-3", None)),
     ]
     assert work.take_nowait() is None
-    assert dry == []  # the coldest band holds nothing back: no broker round trip
+    assert asked(work) == []  # the coldest band holds nothing back: no broker round trip
 
 
 def test_a_band_without_backlog_makes_nobody_wait() -> None:

@@ -1,4 +1,4 @@
-"""Settling: the copy is confirmed before the original is acked, or the original goes back."""
+"""Settling: the copy is confirmed before the original is acked, or the original stays unacked."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from aio_pika.exceptions import ChannelInvalidStateError
 
 from bandgate.consumers.acks import AckWriter
 from bandgate.consumers.outcome import Ack, DeadLetter, RetryLater
-from bandgate.consumers.settle import Settler
+from bandgate.consumers.settle import Settled, Settler
 from bandgate.consumers.testing import make_message
 from bandgate.core.publishing import ChannelSet, ConfirmTimeout, Published, Publisher
 from bandgate.topology.model import DelaySettings, QueueSpec, Topology
@@ -86,10 +86,10 @@ def delivery(journal: list[str], **options: bool) -> AbstractIncomingMessage:
 async def test_a_retry_is_confirmed_before_the_original_is_acked() -> None:
     journal: list[str] = []
     settle, publisher = settler(journal)
-    done = await settle.settle(
+    settled = await settle.settle(
         delivery(journal), make_message(band="warm"), WARM, RetryLater(2, 2, "ValueError: x")
     )
-    assert done
+    assert settled is Settled.ACKED
     assert journal == ["publish retry (confirmed)", "ack"]
     [envelope] = publisher.envelopes
     assert envelope.attempt == 2
@@ -101,7 +101,8 @@ async def test_a_dead_letter_is_confirmed_before_the_original_is_acked() -> None
     journal: list[str] = []
     settle, publisher = settler(journal)
     dead = DeadLetter("rejected", "Reject: no", "Reject")
-    assert await settle.settle(delivery(journal), make_message(band="warm"), WARM, dead)
+    settled = await settle.settle(delivery(journal), make_message(band="warm"), WARM, dead)
+    assert settled is Settled.ACKED
     assert journal == ["publish dead letter to orders (confirmed)", "ack"]
     assert publisher.letters[0].headers["tenant"] == "acme"
 
@@ -109,20 +110,22 @@ async def test_a_dead_letter_is_confirmed_before_the_original_is_acked() -> None
 @pytest.mark.parametrize(
     "outcome", [RetryLater(1, 2, "x"), DeadLetter("max-attempts", "x", "ValueError")]
 )
-async def test_an_unconfirmed_copy_returns_the_original_instead(
+async def test_an_unconfirmed_copy_leaves_the_original_unacked_for_the_caller(
     outcome: RetryLater | DeadLetter,
 ) -> None:
     journal: list[str] = []
     settle, _ = settler(journal, fail=True)
-    assert not await settle.settle(delivery(journal), make_message(band="warm"), WARM, outcome)
-    assert journal == ["nack requeue=True"]
+    settled = await settle.settle(delivery(journal), make_message(band="warm"), WARM, outcome)
+    assert settled is Settled.UNCONFIRMED  # the pipeline gives it back (`consumers.handback`)
+    assert journal == []  # neither acked nor nacked here
 
 
 async def test_an_ack_on_a_lost_channel_is_reported_not_raised() -> None:
     journal: list[str] = []
     settle, _ = settler(journal)
     message = make_message(band="warm")
-    assert not await settle.settle(delivery(journal, channel_gone=True), message, WARM, Ack())
+    settled = await settle.settle(delivery(journal, channel_gone=True), message, WARM, Ack())
+    assert settled is Settled.CHANNEL_GONE
     assert journal == []
 
 

@@ -1,0 +1,148 @@
+"""One message's way from its start to its settlement: read, run, decide, settle, in a span.
+
+The run loop hands each delivery the dispatcher starts to `Pipeline.process`, in a task of its
+own. The delivery is read into a `Message` (a malformed one is dead-lettered without running
+the handler), its handler runs through `consumers.decide.Attempt` in the span that continues the
+message's trace (`consumers.telemetry`), and the outcome is settled (`consumers.settle`). On an
+ordered queue a `RetryLater` runs again here, in place, after its back-off (`consumers.ordering`).
+A message whose copy was not confirmed, or whose handler the shutdown cancelled, goes back to
+its queue (`consumers.handback`). Its slot and partition key stay taken until it is settled,
+retries in place included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import Executor
+from dataclasses import replace
+
+from opentelemetry import trace
+
+from bandgate.consumers.consumer import Consumer
+from bandgate.consumers.decide import Attempt, decide
+from bandgate.consumers.delivery import Delivery
+from bandgate.consumers.dispatch import Dispatcher
+from bandgate.consumers.errors import MalformedMessage, Reject, Retry
+from bandgate.consumers.handback import HandBack
+from bandgate.consumers.lifetime import Lifetime
+from bandgate.consumers.message import Message, read_message
+from bandgate.consumers.outcome import Ack, DeadLetter, Outcome, RetryLater, describe
+from bandgate.consumers.settle import Settled, Settler
+from bandgate.consumers.telemetry import ConsumerTelemetry, outcome_name
+from bandgate.topology.model import Band
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline:
+    def __init__(
+        self,
+        consumer: Consumer,
+        settler: Settler,
+        handback: HandBack,
+        dispatcher: Dispatcher[Delivery],
+        lifetime: Lifetime,
+        telemetry: ConsumerTelemetry,
+        executor: Executor | None = None,
+    ) -> None:
+        self.consumer = consumer
+        self.spec = consumer.spec
+        self.settler = settler
+        self.handback = handback
+        self.dispatcher = dispatcher
+        self.lifetime = lifetime
+        self.telemetry = telemetry
+        self.executor = executor  # sync handlers' threads
+
+    async def process(self, delivery: Delivery) -> None:
+        """Handle and settle a started delivery, then free its slot."""
+        try:
+            await self._handle(delivery, self.spec.bands[delivery.band])
+        except asyncio.CancelledError:
+            # Shut down past the grace period: not handled, so it goes back to its band.
+            await self.handback.give_back(delivery)
+            raise
+        except Exception:
+            log.exception(
+                "bug while processing message %s; returning it", delivery.incoming.message_id
+            )
+            await self.handback.give_back(delivery)
+        finally:
+            delivery.subscription.finished()
+            self.dispatcher.done(delivery.band, delivery)
+
+    def _in_place(self, outcome: Outcome) -> bool:
+        """Whether the outcome is a retry this worker runs itself (ordered queues)."""
+        return self.spec.ordered and isinstance(outcome, RetryLater)
+
+    async def _handle(self, delivery: Delivery, band: Band) -> None:
+        incoming = delivery.incoming
+        try:
+            message = read_message(incoming, self.spec, band)
+        except MalformedMessage as exc:
+            message = read_message(incoming, self.spec, band, decode=False)
+            log.error("dead-lettering malformed message %s: %s", message.message_id, exc)
+            outcome = decide(self.consumer, message, exc)
+            await self._settle(delivery, message, band, outcome)
+            self.telemetry.finished(message, outcome, None)
+            return
+        first = True
+        while True:
+            outcome = await self._attempt(delivery, message, band, first=first)
+            if not self._in_place(outcome):
+                return
+            assert isinstance(outcome, RetryLater)
+            if not await self.lifetime.pause(outcome.delay):
+                return  # stopping: the message goes back with its channel, unsettled
+            message = replace(message, attempt=outcome.attempt)
+            first = False
+
+    async def _attempt(
+        self, delivery: Delivery, message: Message, band: Band, *, first: bool
+    ) -> Outcome:
+        """One run of the handler, in its own span, settled unless retried in place."""
+        headers = delivery.incoming.headers
+        attempt = Attempt(self.consumer, message, first=first)
+        with self.telemetry.span(message, headers) as span:
+            if attempt.refused is not None:
+                log.error(
+                    "dead-lettering message %s: %s", message.message_id, attempt.refused.reason
+                )
+            elif first:
+                self.telemetry.started(message, headers)
+            outcome = await attempt.run(self.executor)
+            if attempt.error is not None:
+                self._log_failure(message, attempt.error, outcome)
+                span.record_exception(attempt.error)
+            span.set_attribute("bandgate.outcome", outcome_name(outcome))
+            if not isinstance(outcome, Ack):
+                span.set_status(trace.StatusCode.ERROR, outcome.reason)
+            if not self._in_place(outcome):
+                await self._settle(delivery, message, band, outcome)
+        self.telemetry.finished(message, outcome, attempt.seconds)
+        return outcome
+
+    async def _settle(
+        self, delivery: Delivery, message: Message, band: Band, outcome: Outcome
+    ) -> None:
+        settled = await self.settler.settle(delivery.incoming, message, band, outcome)
+        if settled is Settled.UNCONFIRMED:
+            await self.handback.give_back(delivery)
+
+    def _log_failure(self, message: Message, error: BaseException, outcome: Outcome) -> None:
+        log.log(
+            logging.ERROR if isinstance(outcome, DeadLetter) else logging.WARNING,
+            "%s failed on message %s (attempt %d, band %s): %s -> %s%s",
+            self.consumer.name,
+            message.message_id,
+            message.attempt,
+            message.band,
+            describe(error),
+            outcome,
+            " in place (ordered queue)" if self._in_place(outcome) else "",
+            exc_info=not isinstance(error, Retry | Reject),
+        )
+
+
+__all__ = ["Pipeline"]
