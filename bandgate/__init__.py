@@ -17,15 +17,77 @@ if TYPE_CHECKING:
     from bandgate.consumers.app import ConsumerApp
     from bandgate.consumers.errors import Reject, Retry
     from bandgate.consumers.message import Message
+    from bandgate.core.producer import BatchMessage, BatchResult, Producer
+    from bandgate.core.publish_outcomes import (
+        BrokerBlocked,
+        BrokerRejected,
+        BrokerUnavailable,
+        ConfirmLost,
+        ConfirmTimeout,
+        InvalidMessage,
+        MessageTooLarge,
+        NotEnqueued,
+        OutcomeUnknown,
+        Published,
+        PublishFailure,
+        TopologyMissing,
+        UnknownQueue,
+        Unroutable,
+    )
+    from bandgate.core.sync_producer import SyncProducer
 
+_OUTCOMES = "bandgate.core.publish_outcomes"
 _EXPORTS = {
+    "BatchMessage": "bandgate.core.producer",
+    "BatchResult": "bandgate.core.producer",
+    "BrokerBlocked": _OUTCOMES,
+    "BrokerRejected": _OUTCOMES,
+    "BrokerUnavailable": _OUTCOMES,
+    "ConfirmLost": _OUTCOMES,
+    "ConfirmTimeout": _OUTCOMES,
     "ConsumerApp": "bandgate.consumers.app",
+    "InvalidMessage": _OUTCOMES,
     "Message": "bandgate.consumers.message",
+    "MessageTooLarge": _OUTCOMES,
+    "NotEnqueued": _OUTCOMES,
+    "OutcomeUnknown": _OUTCOMES,
+    "Producer": "bandgate.core.producer",
+    "Published": _OUTCOMES,
+    "PublishFailure": _OUTCOMES,
     "Reject": "bandgate.consumers.errors",
     "Retry": "bandgate.consumers.errors",
+    "SyncProducer": "bandgate.core.sync_producer",
+    "TopologyMissing": _OUTCOMES,
+    "UnknownQueue": _OUTCOMES,
+    "Unroutable": _OUTCOMES,
 }
 
-__all__ = sorted(_EXPORTS)
+# Spelled out for linters and type checkers; tests/unit/test_producer_api.py checks it is
+# exactly the keys of _EXPORTS.
+__all__ = [
+    "BatchMessage",
+    "BatchResult",
+    "BrokerBlocked",
+    "BrokerRejected",
+    "BrokerUnavailable",
+    "ConfirmLost",
+    "ConfirmTimeout",
+    "ConsumerApp",
+    "InvalidMessage",
+    "Message",
+    "MessageTooLarge",
+    "NotEnqueued",
+    "OutcomeUnknown",
+    "Producer",
+    "PublishFailure",
+    "Published",
+    "Reject",
+    "Retry",
+    "SyncProducer",
+    "TopologyMissing",
+    "UnknownQueue",
+    "Unroutable",
+]
 
 
 def __getattr__(name: str) -> Any:

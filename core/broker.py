@@ -31,6 +31,20 @@ log = logging.getLogger(__name__)
 RECONNECT_INTERVAL_SECONDS = 1.0
 
 
+def is_blocked(connection: AbstractRobustConnection | None) -> bool:
+    """True while the broker blocks publishing on `connection` (a memory or disk alarm).
+
+    aiormq tracks Connection.Blocked/Unblocked but keeps it private; a publish on a blocked
+    connection waits for the whole confirm timeout, so publishers check first and refuse at
+    once. If aiormq renames the attribute this reads False and the publish times out instead.
+    """
+    transport = connection.transport if connection else None
+    if transport is None:
+        return False
+    unblocked = getattr(transport.connection, "_Connection__connection_unblocked", None)
+    return isinstance(unblocked, asyncio.Event) and not unblocked.is_set()
+
+
 class BrokerLink:
     def __init__(
         self,
@@ -65,18 +79,8 @@ class BrokerLink:
 
     @property
     def blocked(self) -> bool:
-        """True while the broker blocks publishing (a memory or disk alarm).
-
-        aiormq tracks Connection.Blocked/Unblocked but keeps it private; a publish on a
-        blocked connection waits for the whole confirm timeout, so the gateway checks first
-        and answers 503 at once. If aiormq renames the attribute this reads False and the
-        publish times out instead, still with a 503.
-        """
-        transport = self.connection.transport if self.connection else None
-        if transport is None:
-            return False
-        unblocked = getattr(transport.connection, "_Connection__connection_unblocked", None)
-        return isinstance(unblocked, asyncio.Event) and not unblocked.is_set()
+        """True while the broker blocks publishing (a memory or disk alarm)."""
+        return is_blocked(self.connection)
 
     @property
     def version(self) -> str:

@@ -14,8 +14,6 @@ import struct
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, NamedTuple
 
 import aio_pika
@@ -27,12 +25,28 @@ from bandgate.core.confirm_pipeline import (  # ChannelSet and the factory are p
     Confirmation,
     ConfirmPipeline,
     FrameTooLarge,
-    NotSent,
     confirm_channel_factory,
+)
+from bandgate.core.publish_outcomes import (  # the outcomes are re-exported: this API's
+    BrokerRejected,
+    BrokerUnavailable,
+    ConfirmLost,
+    ConfirmTimeout,
+    InvalidMessage,
+    MessageTooLarge,
+    NotEnqueued,
+    OutcomeUnknown,
+    Published,
+    PublishFailure,
+    TopologyMissing,
+    UnknownQueue,
+    Unroutable,
+    check_acked,
+    failure_of,
 )
 from bandgate.core.telemetry import Telemetry, inject_context
 from bandgate.topology import naming, wire
-from bandgate.topology.model import Topology
+from bandgate.topology.model import Topology, UnknownQueueError
 from bandgate.topology.wire import Envelope
 
 log = logging.getLogger(__name__)
@@ -51,84 +65,10 @@ __all__ = [
     "Publisher",
     "PublishFailure",
     "TopologyMissing",
+    "UnknownQueue",
     "Unroutable",
     "confirm_channel_factory",
 ]
-
-
-class PublishFailure(Exception):
-    """The broker did not confirm a message. `NotEnqueued` and `OutcomeUnknown` say whether
-    it may still be in a queue."""
-
-    code = "broker_unavailable"
-
-
-class NotEnqueued(PublishFailure):
-    """The message is certainly not in any queue: it was never sent, or the broker refused it.
-    Retrying cannot duplicate it."""
-
-
-class OutcomeUnknown(PublishFailure):
-    """The message was sent and its confirm did not come: it may be enqueued. Retry with the
-    same message_id (consumers may then see it twice)."""
-
-
-class BrokerUnavailable(NotEnqueued):
-    code = "broker_unavailable"
-
-
-class BrokerRejected(NotEnqueued):
-    """The broker nacked the message: a band at its max-length (reject-publish)."""
-
-    code = "queue_full"
-
-
-class Unroutable(NotEnqueued):
-    """The broker returned the message: no binding matched, the topology is not applied."""
-
-    code = "unroutable"
-
-
-class InvalidMessage(NotEnqueued):
-    """AMQP cannot carry the message as it is; nothing was sent. `field` names the part."""
-
-    code = "invalid_field"
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-class MessageTooLarge(InvalidMessage):
-    """Its headers and properties exceed the connection's frame size."""
-
-    code = "message_too_large"
-
-
-class ConfirmTimeout(OutcomeUnknown):
-    code = "confirm_timeout"
-
-
-class TopologyMissing(OutcomeUnknown):
-    """The broker closed the channel because an exchange is missing."""
-
-    code = "topology_missing"
-
-
-class ConfirmLost(OutcomeUnknown):
-    """The channel or connection closed after the message was sent, before its confirm."""
-
-    code = "confirm_lost"
-
-
-@dataclass(frozen=True)
-class Published:
-    message_id: str
-    queue: str
-    band: str
-    priority: int
-    enqueued_at: datetime
-    deliver_at: datetime | None
 
 
 class Publisher:
@@ -178,21 +118,18 @@ class Publisher:
         """Publish all at once on one channel (confirms pipelined); one result or failure per
         envelope, in order. Every message is encoded and checked before any is sent, so an
         invalid one fails alone. Each message's publish duration is the batch's."""
-        if not envelopes:
-            return []
-        if self.telemetry is not None and self.telemetry.tracing:
-            # A span per message, each with its own trace context.
-            traced = await asyncio.gather(*map(self.publish, envelopes), return_exceptions=True)
-            return [_outcome(result) for result in traced]
         started = time.perf_counter()
-        out: list[Published | PublishFailure | _Outgoing] = []
-        for envelope in envelopes:
-            try:
-                out.append(self._prepare(envelope))
-            except InvalidMessage as invalid:
-                out.append(invalid)
+        out = self._prepare_all(envelopes)
         sending = [(index, item) for index, item in enumerate(out) if isinstance(item, _Outgoing)]
         if not sending:
+            return _results(out)
+        if self.telemetry is not None and self.telemetry.tracing:
+            # A span per message, each with its own trace context.
+            traced = await asyncio.gather(
+                *(self.publish(item.envelope) for _, item in sending), return_exceptions=True
+            )
+            for (index, _), result in zip(sending, traced, strict=True):
+                out[index] = _outcome(result)
             return _results(out)
         deadline = self._deadline()
         try:
@@ -219,9 +156,11 @@ class Publisher:
         counts: dict[tuple[str, str], int] = {}
         for index, outgoing, confirmation in waiting:
             try:
-                _confirmed(confirmation, outgoing.exchange, outgoing.routing_key)
+                check_acked(confirmation, outgoing.exchange, outgoing.routing_key)
             except Exception as exc:
-                out[index] = self._failure(exc, outgoing.exchange, outgoing.routing_key)
+                out[index] = failure_of(
+                    exc, outgoing.exchange, outgoing.routing_key, self.confirm_timeout
+                )
                 continue
             envelope = outgoing.envelope
             out[index] = _published(envelope, outgoing.band)
@@ -247,9 +186,33 @@ class Publisher:
         confirmation = _send(pipeline, exchange, queue, message.body, properties)
         await self._settle(confirmation, exchange, queue, deadline)
 
+    def _prepare_all(
+        self, envelopes: Sequence[Envelope]
+    ) -> list[Published | PublishFailure | _Outgoing]:
+        """Route and encode every message of a batch. One that cannot be, or that repeats an
+        earlier message_id (the broker's returns are matched to publishes by it), fails alone."""
+        out: list[Published | PublishFailure | _Outgoing] = []
+        seen: set[str] = set()
+        for envelope in envelopes:
+            try:
+                if envelope.message_id in seen:
+                    raise InvalidMessage(
+                        f"message_id {envelope.message_id!r} is used earlier in this batch",
+                        "message_id",
+                        "duplicate_message_id",
+                    )
+                out.append(self._prepare(envelope))
+                seen.add(envelope.message_id)
+            except InvalidMessage as invalid:
+                out.append(invalid)
+        return out
+
     def _prepare(self, envelope: Envelope) -> _Outgoing:
         """Route and encode a message, or raise `InvalidMessage`; nothing is sent here."""
-        exchange, key, band = self._route(envelope)
+        try:
+            exchange, key, band = self._route(envelope)
+        except UnknownQueueError as exc:
+            raise UnknownQueue(str(exc), "queue") from None
         try:
             body = envelope.body()
         except TypeError as exc:  # orjson: nested deeper than 254 levels, or not JSON data
@@ -322,45 +285,9 @@ class Publisher:
         try:
             async with asyncio.timeout_at(deadline):
                 await confirmation
-            _confirmed(confirmation, exchange, routing_key)
+            check_acked(confirmation, exchange, routing_key)
         except Exception as exc:
-            raise self._failure(exc, exchange, routing_key) from None
-
-    def _failure(self, exc: Exception, exchange: str, routing_key: str) -> PublishFailure:
-        """The PublishFailure for what a sent publish raised; anything else is re-raised."""
-        if isinstance(exc, PublishFailure):
-            return exc
-        if isinstance(exc, TimeoutError):
-            return ConfirmTimeout(
-                f"the broker did not confirm the message within {self.confirm_timeout:g} s; "
-                "it may still arrive: retry with the same message_id"
-            )
-        if isinstance(exc, NotSent):
-            return BrokerUnavailable(f"the broker is unavailable; the message was not sent: {exc}")
-        if isinstance(exc, aiormq.exceptions.PublishError):
-            return _unroutable(exchange, routing_key)
-        if isinstance(exc, aiormq.exceptions.DeliveryError):
-            return BrokerRejected(
-                "the broker refused the message (nack): its band is at its max-length; retry later"
-            )
-        if isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
-            # The broker closed the channel: this message was not routed, but others in flight
-            # on the same channel fail with the same error whatever became of them.
-            return TopologyMissing(
-                f"exchange {exchange!r} does not exist (run `bandgate topology apply`); "
-                "messages in flight on the channel may or may not have been enqueued"
-            )
-        if type(exc) is Exception or isinstance(
-            exc, aiormq.exceptions.AMQPError | ConnectionError | RuntimeError
-        ):
-            # A bare Exception is what aiormq sets on pending confirms when a channel closes
-            # without a reason.
-            log.warning("publish failed after it was sent: %r", exc)
-            return ConfirmLost(
-                f"the connection to the broker failed before it confirmed the message ({exc!r}); "
-                "it may have been enqueued: retry with the same message_id"
-            )
-        raise exc
+            raise failure_of(exc, exchange, routing_key, self.confirm_timeout) from None
 
 
 class _Outgoing(NamedTuple):
@@ -406,24 +333,6 @@ def _results(out: list[Published | PublishFailure | _Outgoing]) -> list[Publishe
             raise AssertionError(f"message {item.envelope.message_id} was never settled")
         results.append(item)
     return results
-
-
-def _confirmed(confirmation: Confirmation, exchange: str, routing_key: str) -> None:
-    """Raise unless the broker acked: a cancelled (timed out) publish raises TimeoutError."""
-    if confirmation.cancelled():
-        raise TimeoutError
-    frame = confirmation.result()
-    if not isinstance(frame, aiormq.spec.Basic.Ack):
-        # Anything but an ack (no confirm at all, a channel without confirms): never report
-        # that as enqueued.
-        raise _unroutable(exchange, routing_key)
-
-
-def _unroutable(exchange: str, routing_key: str) -> Unroutable:
-    return Unroutable(
-        f"no binding for routing key {routing_key!r} on exchange {exchange!r}: "
-        "the topology is not applied on this broker (run `bandgate topology apply`)"
-    )
 
 
 def _headers(properties: aiormq.spec.Basic.Properties) -> dict[str, Any]:

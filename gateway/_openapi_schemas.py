@@ -10,12 +10,6 @@ from pydantic.json_schema import models_json_schema
 
 from bandgate.core.queue_stats import QueueStats
 from bandgate.gateway.schemas import (
-    HEADER_NAME,
-    INT64,
-    MAX_HEADER_VALUE,
-    MAX_HEADERS,
-    MAX_ID_BYTES,
-    MAX_ID_LENGTH,
     BatchRequest,
     BatchResponse,
     ErrorResponse,
@@ -23,6 +17,14 @@ from bandgate.gateway.schemas import (
     PublishRequest,
 )
 from bandgate.topology.priority import ALIASES, MAX_PRIORITY, MIN_PRIORITY
+from bandgate.topology.publish_input import (
+    HEADER_NAME,
+    INT64,
+    MAX_HEADER_VALUE,
+    MAX_HEADERS,
+    MAX_ID_BYTES,
+    MAX_ID_LENGTH,
+)
 
 SCHEMAS = "#/components/schemas/"
 # gateway/json_input.py refuses integers outside this range with 400: nothing could carry them.

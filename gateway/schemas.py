@@ -7,7 +7,7 @@ their input; nothing here talks to the broker.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import (
@@ -15,26 +15,23 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    JsonValue,
     StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
     ValidationError,
-    field_validator,
 )
 
 from bandgate.gateway.errors import ApiError
 from bandgate.topology.model import QueueSpec, Topology
-from bandgate.topology.priority import PriorityError, parse_priority
-from bandgate.topology.wire import HEADER_PREFIX, Envelope, new_message_id, now
-
-HEADER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-MAX_HEADERS = 32
-MAX_HEADER_VALUE = 4096
-MAX_ID_LENGTH = 128
-MAX_ID_BYTES = 255  # message_id travels as an AMQP short string
-MAX_PARTITION_KEY = 256
-INT64 = 2**63
+from bandgate.topology.publish_input import (
+    MAX_ID_LENGTH,
+    MAX_PARTITION_KEY,
+    MessageInputError,
+    envelope_for,
+)
+from bandgate.topology.wire import Envelope
 
 HeaderScalar = StrictStr | StrictBool | StrictInt | StrictFloat
 # RFC 3339 as the API promises it: a full date and time with an offset. pydantic alone would
@@ -48,8 +45,17 @@ def _rfc3339_text(value: Any) -> Any:
     return value
 
 
+def _limits(**schema: JsonValue) -> Any:
+    """JSON Schema keywords for the document only: `publish_input` checks these limits, for
+    the gateway and the Python producer alike."""
+    return Field(json_schema_extra=schema)
+
+
 class PublishRequest(BaseModel):
     """One message to publish; only `payload` is required."""
+
+    # The model checks the JSON types; `topology.publish_input` the rules every publish
+    # follows (this docstring is the OpenAPI document's description).
 
     model_config = ConfigDict(extra="forbid")
 
@@ -59,7 +65,7 @@ class PublishRequest(BaseModel):
         description="0-9 (9 most urgent) or critical=9, high=7, normal=4, low=2, "
         "background=0; default 4",
     )
-    delay_seconds: Annotated[float, Field(ge=0, strict=True)] | None = Field(
+    delay_seconds: Annotated[float, Field(strict=True), _limits(minimum=0)] | None = Field(
         default=None, description="deliver after this many seconds"
     )
     deliver_at: Annotated[datetime, BeforeValidator(_rfc3339_text)] | None = Field(
@@ -68,45 +74,8 @@ class PublishRequest(BaseModel):
     headers: dict[str, HeaderScalar] | None = Field(
         default=None, description="string keys, scalar values; travel as AMQP headers"
     )
-    message_id: Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)] | None = None
-    partition_key: Annotated[str, Field(min_length=1, max_length=MAX_PARTITION_KEY)] | None = None
-
-    @field_validator("headers")
-    @classmethod
-    def _headers_valid(cls, headers: dict[str, Any] | None) -> dict[str, Any] | None:
-        if headers is None:
-            return None
-        if len(headers) > MAX_HEADERS:
-            raise ValueError(f"at most {MAX_HEADERS} headers")
-        for name, value in headers.items():
-            if not HEADER_NAME.fullmatch(name):
-                raise ValueError(
-                    f"header name {name[:40]!r} is invalid: 1-128 letters, digits, '_', '.', '-'"
-                )
-            if name.lower().startswith("x-"):
-                raise ValueError(
-                    f"header name {name!r}: names starting with 'x-' are reserved "
-                    f"for the broker and bandgate ({HEADER_PREFIX}*)"
-                )
-            if isinstance(value, str) and len(value) > MAX_HEADER_VALUE:
-                raise ValueError(f"header {name!r} is longer than {MAX_HEADER_VALUE} characters")
-            if isinstance(value, int) and not -INT64 <= value < INT64:
-                raise ValueError(f"header {name!r} is outside the 64-bit integer range")
-        return headers
-
-    @field_validator("message_id", "partition_key")
-    @classmethod
-    def _printable(cls, value: str | None) -> str | None:
-        if value is not None and not value.isprintable():
-            raise ValueError("must contain printable characters only")
-        return value
-
-    @field_validator("message_id")
-    @classmethod
-    def _short_string(cls, value: str | None) -> str | None:
-        if value is not None and len(value.encode()) > MAX_ID_BYTES:
-            raise ValueError(f"must be at most {MAX_ID_BYTES} bytes in UTF-8")
-        return value
+    message_id: Annotated[str, _limits(minLength=1, maxLength=MAX_ID_LENGTH)] | None = None
+    partition_key: Annotated[str, _limits(minLength=1, maxLength=MAX_PARTITION_KEY)] | None = None
 
 
 class BatchRequest(BaseModel):
@@ -174,60 +143,18 @@ def parse_publish(data: Any, spec: QueueSpec, topology: Topology, prefix: str = 
         request = PublishRequest.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc, prefix) from None
-    field_name = f"{prefix}.priority" if prefix else "priority"
     try:
-        priority = parse_priority(request.priority)
-    except PriorityError as exc:
-        raise ApiError(422, "invalid_priority", str(exc), field_name) from None
-    enqueued_at = now()
-    deliver_at = _deliver_at(request, enqueued_at, topology, prefix)
-    return Envelope(
-        queue=spec.name,
-        payload=request.payload,
-        priority=priority,
-        message_id=request.message_id or new_message_id(),
-        enqueued_at=enqueued_at,
-        deliver_at=deliver_at,
-        headers=request.headers or {},
-        partition_key=request.partition_key,
-    )
-
-
-def _deliver_at(
-    request: PublishRequest, enqueued_at: datetime, topology: Topology, prefix: str
-) -> datetime | None:
-    if request.delay_seconds is None and request.deliver_at is None:
-        return None  # the common case; the ladder's maximum costs a little to compute
-
-    def field(name: str) -> str:
-        return f"{prefix}.{name}" if prefix else name
-
-    if request.delay_seconds is not None and request.deliver_at is not None:
-        raise ApiError(
-            422,
-            "conflicting_fields",
-            "give delay_seconds or deliver_at, not both",
-            field("deliver_at"),
+        return envelope_for(
+            topology,
+            spec,
+            request.payload,
+            priority=request.priority,
+            delay_seconds=request.delay_seconds,
+            deliver_at=request.deliver_at,
+            headers=request.headers,
+            message_id=request.message_id,
+            partition_key=request.partition_key,
         )
-    max_seconds = topology.ladder.max_delay_ms / 1000
-    if request.delay_seconds is not None:
-        if request.delay_seconds > max_seconds:
-            raise ApiError(
-                422,
-                "invalid_field",
-                f"delay_seconds exceeds the maximum of {max_seconds:.0f}",
-                field("delay_seconds"),
-            )
-        if request.delay_seconds == 0:
-            return None
-        return enqueued_at + timedelta(seconds=request.delay_seconds)
-    if request.deliver_at is not None:
-        if (request.deliver_at - enqueued_at).total_seconds() > max_seconds:
-            raise ApiError(
-                422,
-                "invalid_field",
-                f"deliver_at is more than {max_seconds:.0f} s ahead",
-                field("deliver_at"),
-            )
-        return request.deliver_at
-    return None
+    except MessageInputError as exc:
+        field = f"{prefix}.{exc.field}" if prefix else exc.field
+        raise ApiError(422, exc.code, str(exc), field) from None

@@ -16,6 +16,7 @@ NAME_RULE = "1-64 characters: letters, digits, '-' and '_', starting with a lett
 GATEWAY_CONNECTION = "bandgate-gateway"
 WORKER_CONNECTION = "bandgate-worker"
 CLI_CONNECTION = "bandgate-cli"
+PRODUCER_CONNECTION = "bandgate-producer"
 
 
 def is_valid_name(name: str) -> bool:
