@@ -273,9 +273,7 @@ class Producer:
         if self._closed:
             raise BrokerUnavailable("the producer is closed")
         if is_blocked(self.connection):
-            raise BrokerBlocked(
-                "the broker blocks publishing (a memory or disk alarm); retry later"
-            )
+            raise BrokerBlocked()
         self._running += 1
         self._idle.clear()
 

@@ -57,6 +57,9 @@ class BrokerBlocked(BrokerUnavailable):
 
     code = "broker_blocked"
 
+    def __init__(self) -> None:
+        super().__init__("the broker blocks publishing (a memory or disk alarm); retry later")
+
 
 class BrokerRejected(NotEnqueued):
     """The broker nacked the message: a band at its max-length (reject-publish)."""

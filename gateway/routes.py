@@ -12,6 +12,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from bandgate.core.broker import BrokerLink
+from bandgate.core.publish_outcomes import BrokerBlocked
 from bandgate.core.publishing import (
     BrokerRejected,
     InvalidMessage,
@@ -101,12 +102,7 @@ def _ensure_connected(link: BrokerLink) -> None:
     if not link.connected:
         raise ApiError(503, "broker_unavailable", link.problem or "not connected to the broker")
     if link.blocked:
-        raise ApiError(
-            503,
-            "broker_blocked",
-            "the broker blocks publishing (a memory or disk alarm); retry later",
-            headers={"Retry-After": "5"},
-        )
+        raise ApiError(503, BrokerBlocked.code, str(BrokerBlocked()), headers={"Retry-After": "5"})
 
 
 async def publish(request: Request) -> Response:
@@ -144,21 +140,9 @@ async def publish_batch(request: Request) -> Response:
     topology = topology_of(request)
     failed: list[dict[str, Any]] = []
     envelopes: list[tuple[int, Envelope]] = []
-    seen: set[str] = set()
     for index, item in enumerate(batch.messages):
         try:
-            envelope = parse_publish(item, spec, topology, f"messages.{index}")
-            if envelope.message_id in seen:
-                # The broker's returns are matched to publishes by message id: two in flight
-                # at once could be confused (and a batch with one id twice is a client bug).
-                raise ApiError(
-                    422,
-                    "duplicate_message_id",
-                    f"message_id {envelope.message_id!r} is used earlier in this batch",
-                    f"messages.{index}.message_id",
-                )
-            seen.add(envelope.message_id)
-            envelopes.append((index, envelope))
+            envelopes.append((index, parse_publish(item, spec, topology, f"messages.{index}")))
         except ApiError as error:
             failed.append({"index": index, "error": error.body()})
     link = _link(request)
