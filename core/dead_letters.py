@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -160,13 +160,15 @@ async def replay(
     publisher: Publisher | None = None,
     limit: int | None = None,
     reason: str | None = None,
+    message_ids: Collection[str] | None = None,
     rate: float | None = None,
     progress: ProgressCallback | None = None,
     confirm_timeout: float = 5.0,
     lock_wait: float = LOCK_WAIT_SECONDS,
 ) -> ReplayResult:
-    """Republish dead letters of `queue` (matching `reason`, at most `limit`, at most `rate`
-    per second) to their original bands; each is acked from the DLQ after its confirm.
+    """Republish dead letters of `queue` (matching `reason`, and among `message_ids` when
+    given; at most `limit`, at most `rate` per second) to their original bands; each is acked
+    from the DLQ after its confirm.
 
     Without a `publisher`, one confirm channel of `connection` is used. Publishes are sequential,
     so replayed messages reach their bands in the DLQ's order; what stays keeps its order.
@@ -176,6 +178,9 @@ async def replay(
     if rate is not None:
         _check_bounds("rate", rate, MIN_RATE, MAX_RATE)
     _check_reason(reason)
+    if message_ids is not None:
+        _check_bounds("message_ids", len(message_ids), 1, MAX_REPLAY)
+        wanted = frozenset(message_ids)
     spec = topology.queue(queue)
     dlq = naming.dead_letter_queue(spec.name)
     own_channels = None
@@ -201,6 +206,7 @@ async def replay(
                         spec, record, message.body, message.headers, message.content_type
                     )
                     if matches(record, reason)
+                    and (message_ids is None or record.message_id in wanted)
                     else None
                 )
                 if envelope is None:

@@ -15,6 +15,7 @@ from bandgate.core.broker import BrokerLink
 from bandgate.core.heap import settle_heap
 from bandgate.core.telemetry import Telemetry
 from bandgate.gateway.auth import Authenticator, AuthMiddleware
+from bandgate.gateway.console import console_routes
 from bandgate.gateway.dlq_routes import dlq_routes, finish_dead_letter_work
 from bandgate.gateway.errors import ApiError, api_error_handler, http_error_handler
 from bandgate.gateway.middleware import BodyLimitMiddleware, ErrorBoundary
@@ -79,7 +80,7 @@ def create_app(
         Middleware(BodyLimitMiddleware, limit=resolved.max_body_bytes),
     ]
     return Starlette(
-        routes=routes() + dlq_routes(),
+        routes=routes() + dlq_routes() + console_routes(),
         middleware=middleware,
         exception_handlers={ApiError: api_error_handler, HTTPException: http_error_handler},
         lifespan=lifespan,

@@ -57,7 +57,7 @@ class ReplayRequest(BaseModel):
 
 
 @asynccontextmanager
-async def _broker(request: Request) -> AsyncIterator[AbstractRobustConnection]:
+async def dead_letter_broker(request: Request) -> AsyncIterator[AbstractRobustConnection]:
     """The gateway's connection, with dead-letter failures mapped to API errors."""
     link: BrokerLink = request.app.state.link
     if link.connection is None or not link.connected:
@@ -100,7 +100,7 @@ async def dlq_list(request: Request) -> Response:
     authorize(request, "admin")
     spec = queue_spec(request)
     limit, reason = _list_options(request)
-    async with _broker(request) as connection:
+    async with dead_letter_broker(request) as connection:
         listing = await _while_connected(
             request,
             read_dead_letters(
@@ -133,7 +133,7 @@ async def dlq_replay(request: Request) -> Response:
     except ValidationError as exc:
         raise validation_error(exc) from None
     link: BrokerLink = request.app.state.link
-    async with _broker(request) as connection:
+    async with dead_letter_broker(request) as connection:
         result = await _while_connected(
             request,
             replay(
@@ -156,7 +156,7 @@ async def dlq_purge(request: Request) -> Response:
     authorize(request, "admin")
     spec = queue_spec(request)
     _query(request, ())
-    async with _broker(request) as connection:
+    async with dead_letter_broker(request) as connection:
         purged = await purge(
             connection, topology_of(request), spec.name, lock_wait=LOCK_WAIT_SECONDS
         )

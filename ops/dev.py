@@ -90,6 +90,7 @@ def run_dev(host: str, port: int) -> None:
         console.print(
             f"  gateway        http://{host}:{port}  (try POST /v1/queues/orders/messages)"
         )
+        console.print(f"  console        http://{host}:{port}/console")
         console.print(f"  AMQP           {settings.amqp_url}")
         if settings.management_url:
             mgmt = settings.management_url.replace("guest:guest@", "")

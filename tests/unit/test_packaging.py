@@ -49,3 +49,9 @@ def test_the_command_line_entry_point_is_under_bandgate(wheel: zipfile.ZipFile) 
     text = wheel.read(entry_points).decode()
     assert "bandgate = bandgate.ops.cli:main" in text
     assert Path(ROOT / "ops" / "cli.py").read_text().count("def main(") == 1
+
+
+def test_the_wheel_ships_the_console_page(wheel: zipfile.ZipFile) -> None:
+    names = set(wheel.namelist())
+    for asset in ("console.html", "console.js", "console.css"):
+        assert f"bandgate/gateway/console_assets/{asset}" in names
