@@ -1,17 +1,23 @@
-"""A delivery on its way through a runner: where it came from and the key it runs under.
+"""A delivery on its way through a runner: where it came from, the key it runs under, and how
+it ranks against the heads of the other shards of its band.
 
 The dispatcher runs one message per partition key at a time (`consumers.dispatch`); a strictly
 serial queue (`ordering_required`) gives all its messages one key, so they run one at a time.
+Within a sharded band it starts the best head among the shards (`consumers.merge`), ranked by
+the priority the handler will see (the header of ordered queues, `wire.read_priority`) and the
+enqueue time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aio_pika.exceptions import ChannelInvalidStateError
 
 from bandgate.consumers.incoming import Delivered
+from bandgate.consumers.merge import Rank, ShardMerge
+from bandgate.consumers.message import read_enqueued_millis, read_priority
 from bandgate.consumers.subscription import Subscription
 from bandgate.topology import wire
 from bandgate.topology.model import QueueSpec
@@ -25,6 +31,7 @@ class Delivery:
     subscription: Subscription
     incoming: Delivered
     key: str | None
+    _rank: Rank | None = field(default=None, repr=False)  # read once, when first compared
 
     @property
     def band(self) -> int:
@@ -43,6 +50,23 @@ def partition_key(incoming: Delivered) -> str | None:
     return wire.header_text((incoming.headers or {}).get(wire.PARTITION_KEY))
 
 
+def shard_merge(spec: QueueSpec) -> ShardMerge[Delivery]:
+    """How the dispatcher merges the shards of each band of a queue (`consumers.merge`)."""
+
+    def rank(delivery: Delivery) -> Rank:
+        if delivery._rank is None:
+            incoming = delivery.incoming
+            priority = read_priority(incoming, spec.bands[delivery.band])
+            delivery._rank = (-priority, read_enqueued_millis(incoming))
+        return delivery._rank
+
+    return ShardMerge(
+        shards=tuple(band.shards for band in spec.bands),
+        source=lambda delivery: delivery.subscription.shard,
+        rank=rank,
+    )
+
+
 def dispatch_key(spec: QueueSpec) -> Callable[[Delivery], str | None]:
     """The key the dispatcher runs a queue's deliveries under, one at a time per key."""
     if spec.ordering_required:
@@ -50,4 +74,4 @@ def dispatch_key(spec: QueueSpec) -> Callable[[Delivery], str | None]:
     return lambda delivery: delivery.key
 
 
-__all__ = ["SERIAL_KEY", "Delivery", "dispatch_key", "partition_key"]
+__all__ = ["SERIAL_KEY", "Delivery", "dispatch_key", "partition_key", "shard_merge"]

@@ -12,7 +12,9 @@ hand, lets the policy pick the band:
   starts; a band without work lends its share to the others instead of saving it up.
 
 Messages with the same partition key in one band start one at a time, in order: a message whose
-key is running is not "at hand", and the next one in the buffer may start instead.
+key is running is not "at hand", and the next one in the buffer may start instead. Within a
+sharded band, a free slot starts the best head among the shards' buffers: highest priority,
+then oldest (`consumers.merge`).
 
 Prefetch, refills and the inversion window (strict)
 ---------------------------------------------------
@@ -60,9 +62,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Generic, Literal, Protocol, TypeVar, get_args
+
+from bandgate.consumers.merge import BandBuffer, ShardMerge
 
 PolicyName = Literal["strict", "weighted"]
 POLICIES: tuple[str, ...] = get_args(PolicyName)
@@ -173,7 +176,9 @@ class Dispatcher(Generic[T]):
     """Per-band buffers and `concurrency` slots; `take()` hands a free slot its next message.
 
     Pure bookkeeping on one event loop: the AMQP consumers `put()` what arrives, the run loop
-    `take()`s, and `done()` frees the slot when the message is settled.
+    `take()`s, and `done()` frees the slot when the message is settled. With `merge`, each
+    band's buffer keeps a sequence per shard and a slot starts the best head among them
+    (`consumers.merge`); without, every band's buffer is one sequence in arrival order.
 
     Refill wait: a band that had a backlog at hand (a delivery found its buffer non-empty)
     and then ran dry is most likely waiting for a refill, not empty on the broker: the broker
@@ -197,17 +202,25 @@ class Dispatcher(Generic[T]):
         key: Callable[[T], str | None] = lambda _: None,
         refill_wait: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        merge: ShardMerge[T] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if merge is not None and len(merge.shards) != bands:
+            raise ValueError("merge must give the shards of every band")
         self.concurrency = concurrency
         self.refill_wait = refill_wait
         self._policy = policy
         self._key = key
         self._clock = clock
-        self._buffers: list[deque[T]] = [deque() for _ in range(bands)]
+        self._buffers: list[BandBuffer[T]] = [
+            BandBuffer(key=key)
+            if merge is None
+            else BandBuffer(merge.shards[band], key, merge.source, merge.rank)
+            for band in range(bands)
+        ]
         self._running = 0
-        self._busy_keys: set[tuple[int, str]] = set()
+        self._busy_keys: list[set[str]] = [set() for _ in range(bands)]
         self._backlog = [False] * bands  # a delivery found the buffer non-empty
         self._dry_since: list[float | None] = [None] * bands  # backlog buffer ran dry at
         self._asked = [False] * bands  # in questions in this dry spell
@@ -248,7 +261,7 @@ class Dispatcher(Generic[T]):
         self._running -= 1
         key = self._key(item)
         if key is not None:
-            self._busy_keys.discard((band, key))
+            self._busy_keys[band].discard(key)
         self._changed.set()
 
     def waiting_for_refill(self) -> list[int]:
@@ -270,15 +283,17 @@ class Dispatcher(Generic[T]):
         or the pick is a band still waiting for its refill)."""
         if self._closed or self._running >= self.concurrency:
             return None
-        positions = [self._first_at_hand(band) for band in range(len(self._buffers))]
-        candidates = [position is not None for position in positions]
+        heads = [
+            buffer.head(busy) for buffer, busy in zip(self._buffers, self._busy_keys, strict=True)
+        ]
+        candidates = [head is not None for head in heads]
         if not any(candidates):
             return None
         for band in self.waiting_for_refill():
             candidates[band] = True
         band = self._policy.peek(candidates)
-        position = positions[band]
-        if position is None:
+        head = heads[band]
+        if head is None:
             # Wait for the refill of a band the policy prefers; ask the owner, once per dry
             # spell, whether one is coming at all.
             if not self._asked[band]:
@@ -287,15 +302,14 @@ class Dispatcher(Generic[T]):
             return None
         self._policy.commit(candidates, band)
         buffer = self._buffers[band]
-        item = buffer[position]
-        del buffer[position]
+        item = buffer.pop(head)
         if not buffer and self._backlog[band] and self.refill_wait > 0:
             self._dry_since[band] = self._clock()
             self._asked[band] = False
         self._running += 1
         key = self._key(item)
         if key is not None:
-            self._busy_keys.add((band, key))
+            self._busy_keys[band].add(key)
         return band, item
 
     async def take(self) -> tuple[int, T]:
@@ -320,12 +334,14 @@ class Dispatcher(Generic[T]):
 
     def discard(self, band: int, drop: Callable[[T], bool]) -> list[T]:
         """Take the buffered items of `band` for which `drop` is true out of the buffer."""
-        buffer = self._buffers[band]
-        dropped = [item for item in buffer if drop(item)]
+        dropped = self._buffers[band].discard(drop)
         if dropped:
-            self._buffers[band] = deque(item for item in buffer if not drop(item))
             self._changed.set()
         return dropped
+
+    def at_hand(self, band: int) -> list[T]:
+        """The buffered items of `band` whose key is not running (for measuring the merge)."""
+        return self._buffers[band].at_hand(self._busy_keys[band])
 
     def close(self) -> list[tuple[int, T]]:
         """Stop handing out messages; return every buffered one (band, item), to give back."""
@@ -341,11 +357,3 @@ class Dispatcher(Generic[T]):
         if not waits:
             return None
         return max(0.0, min(waits) + self.refill_wait - self._clock())
-
-    def _first_at_hand(self, band: int) -> int | None:
-        # The first item of a key is its oldest, so skipping busy keys keeps per-key order.
-        for position, item in enumerate(self._buffers[band]):
-            key = self._key(item)
-            if key is None or (band, key) not in self._busy_keys:
-                return position
-        return None

@@ -1,10 +1,12 @@
 """The way into a runner: every delivery of its subscriptions goes into its band's buffer.
 
 All of a band's queues (its queue, or each of its shards) feed the band's one buffer in the
-dispatcher, so the waterfall sees a sharded band as one band. A delivery that arrives while
+dispatcher, so the waterfall sees a sharded band as one band; inside it, each shard keeps its
+own order and a slot starts the best head (`consumers.merge`). A delivery that arrives while
 the runner stops, or while its queue is being handed back, is not taken in but given back
 (`consumers.handback`). Arrivals are counted per band for the start-up (`consumers.startup`
-waits for each band's first prefetch) and reported to the cold boost.
+waits for each band's first prefetch) and reported to the cold boost. A queue whose consumer
+is lost (the broker cancelled it) is consumed again (`consumers.resubscribe`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from bandgate.consumers.dispatch import Dispatcher
 from bandgate.consumers.handback import HandBack
 from bandgate.consumers.incoming import Incoming
 from bandgate.consumers.lifetime import Lifetime
+from bandgate.consumers.resubscribe import Resubscriber
 from bandgate.consumers.subscription import Subscription
 
 
@@ -29,11 +32,13 @@ class Intake:
         dispatcher: Dispatcher[Delivery],
         handback: HandBack,
         lifetime: Lifetime,
+        resubscriber: Resubscriber,
         boost: ColdBoost | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.handback = handback
         self.lifetime = lifetime
+        self.resubscriber = resubscriber
         self.boost = boost
         self._coldest = bands - 1
         self._arrived = [0] * bands
@@ -52,6 +57,9 @@ class Intake:
         self._arrived[band] += 1
         self._arrival.set()
         self.dispatcher.put(band, delivery)
+
+    def lost(self, subscription: Subscription, reason: str) -> None:
+        self.resubscriber.lost(subscription, reason)
 
     def arrived(self, band: int) -> int:
         """How many deliveries of `band` were taken in so far."""

@@ -52,7 +52,7 @@ def read_message(
     With `decode=False` the payload is left as None: enough to dead-letter a malformed message.
     """
     headers: Mapping[str, Any] = delivery.headers or {}
-    priority = _priority(wire.read_priority(delivery.priority, headers), band)
+    priority = read_priority(delivery, band)
     return Message(
         payload=_payload(delivery.body, delivery.content_type) if decode else None,
         queue=spec.name,
@@ -62,7 +62,7 @@ def read_message(
         attempt=max(1, wire.header_int(headers.get(wire.ATTEMPT)) or 1),
         headers=wire.user_headers(headers),
         partition_key=wire.header_text(headers.get(wire.PARTITION_KEY)),
-        enqueued_at=_enqueued_at(headers, delivery.timestamp),
+        enqueued_at=read_enqueued_at(delivery),
         redelivered=bool(delivery.redelivered),
         delivery_count=max(0, wire.header_int(headers.get(wire.DELIVERY_COUNT)) or 0),
         # Bands are contiguous ranges, hottest first: a priority below the band's range
@@ -89,8 +89,10 @@ def _is_json(content_type: str | None) -> bool:
     return media_type == wire.CONTENT_TYPE or media_type.endswith("+json")
 
 
-def _priority(value: int | None, band: Band) -> int:
-    """The priority, or the band's lowest when a foreign producer left it out."""
+def read_priority(delivery: Delivered, band: Band) -> int:
+    """The priority of a delivery from `band`'s queue, or the band's lowest when a foreign
+    producer left it out."""
+    value = wire.read_priority(delivery.priority, delivery.headers or {})
     if value is None:
         return band.low
     return min(MAX_PRIORITY, max(MIN_PRIORITY, int(value)))
@@ -101,10 +103,29 @@ def _missing_id(delivery: Delivered) -> str:
     return f"delivery-{delivery.delivery_tag}-{wire.new_message_id()}"
 
 
-def _enqueued_at(headers: Mapping[str, Any], timestamp: datetime | None) -> datetime:
-    millis = headers.get(wire.ENQUEUED_AT)
-    if isinstance(millis, int | float) and not isinstance(millis, bool):
-        return wire.from_millis(int(millis))
+def read_enqueued_at(delivery: Delivered) -> datetime:
+    """When the message was first published: bandgate's header, else the AMQP timestamp, else
+    now (a foreign message without either)."""
+    millis = _header_millis(delivery.headers or {})
+    if millis is not None:
+        return wire.from_millis(millis)
+    timestamp = delivery.timestamp
     if timestamp is not None:
         return timestamp if timestamp.tzinfo else timestamp.replace(tzinfo=UTC)
     return wire.now()
+
+
+def read_enqueued_millis(delivery: Delivered) -> float:
+    """`read_enqueued_at` in milliseconds since the epoch, without a datetime for bandgate's
+    own messages: the dispatcher ranks every delivery of a sharded band by it."""
+    millis = _header_millis(delivery.headers or {})
+    if millis is not None:
+        return float(millis)
+    return read_enqueued_at(delivery).timestamp() * 1000
+
+
+def _header_millis(headers: Mapping[str, Any]) -> int | None:
+    millis = headers.get(wire.ENQUEUED_AT)
+    if isinstance(millis, int | float) and not isinstance(millis, bool):
+        return int(millis)
+    return None

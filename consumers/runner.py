@@ -9,7 +9,8 @@ each module once, from the broker to its ack:
 2. `consumers.intake`: takes it in as a `Delivery` (`consumers.delivery`), into its band's
    buffer; while stopping, it gives it back instead;
 3. `consumers.dispatch`: the `Dispatcher` hands it to a free slot when the band policy picks
-   its band and its partition key is free;
+   its band, its partition key is free and, in a sharded band, it is the best head among the
+   shards' buffers (`consumers.merge`);
 4. `consumers.runner` (the run loop below): starts a task for it;
 5. `consumers.pipeline`: `Pipeline.process` reads the message and opens its span;
 6. `consumers.decide`: `Attempt` runs the handler under its time limit and decides the outcome;
@@ -20,7 +21,8 @@ and the pipeline frees the slot (`Dispatcher.done`).
 Beside that path: `consumers.handback` gives messages back (shutdown, an unconfirmed copy, a
 bug) and hands single-active queues back; `consumers.probe` asks the broker when a band runs dry;
 `consumers.boost` widens the coldest band while hotter bands are idle; `consumers.balance` shares
-ordered shards with other workers; `consumers.startup` and `consumers.shutdown` open and close
+ordered shards with other workers; `consumers.resubscribe` consumes a queue again whose consumer
+was lost (the broker cancelled it); `consumers.startup` and `consumers.shutdown` open and close
 it all; `consumers.lifetime` says when the runner is stopping.
 
 Ordered queues (`QueueSpec.ordered`): a message whose partition key is running waits (as on any
@@ -44,13 +46,14 @@ from bandgate.consumers import shutdown
 from bandgate.consumers.balance import ShardSharing, WorkersQueue
 from bandgate.consumers.boost import ColdBoost, boosts
 from bandgate.consumers.consumer import Consumer
-from bandgate.consumers.delivery import Delivery, dispatch_key
+from bandgate.consumers.delivery import Delivery, dispatch_key, shard_merge
 from bandgate.consumers.dispatch import Dispatcher, DispatcherClosed, make_policy, shard_prefetch
 from bandgate.consumers.handback import HandBack
 from bandgate.consumers.intake import Intake
 from bandgate.consumers.lifetime import Lifetime
 from bandgate.consumers.pipeline import Pipeline
 from bandgate.consumers.probe import RefillProbe
+from bandgate.consumers.resubscribe import Resubscriber
 from bandgate.consumers.settle import Settler
 from bandgate.consumers.startup import log_started, subscribe
 from bandgate.consumers.subscription import Subscription
@@ -73,7 +76,11 @@ class ConsumerRunner:
         share_interval: float = 1.0,
         boost_after: float = 0.5,
         telemetry: ConsumerTelemetry | None = None,
+        resubscribe_interval: float = 1.0,
+        merge_shards: bool = True,
     ) -> None:
+        """`merge_shards=False` takes a sharded band's messages in arrival order, as before
+        `consumers.merge`: for measuring the merge (bench/shards.py), not a setting."""
         spec = consumer.spec
         self.consumer = consumer
         self.spec = spec
@@ -89,8 +96,9 @@ class ConsumerRunner:
                     name,
                     shard_prefetch(self.prefetch[index], band.shards),
                     single_active=spec.ordered,
+                    shard=shard,
                 )
-                for name in spec.band_queues(band)
+                for shard, name in enumerate(spec.band_queues(band))
             ]
             for index, band in enumerate(spec.bands)
         ]
@@ -100,6 +108,7 @@ class ConsumerRunner:
             self.concurrency,
             key=dispatch_key(spec),
             refill_wait=refill_wait,
+            merge=shard_merge(spec) if merge_shards else None,
         )
         self.boost = (
             ColdBoost(
@@ -113,7 +122,12 @@ class ConsumerRunner:
         )
         self.handback = HandBack(connection, settler, self.dispatcher, self.lifetime)
         self.intake = Intake(
-            len(spec.bands), self.dispatcher, self.handback, self.lifetime, self.boost
+            len(spec.bands),
+            self.dispatcher,
+            self.handback,
+            self.lifetime,
+            Resubscriber(connection, self.dispatcher, self.lifetime, resubscribe_interval),
+            self.boost,
         )
         self.probe = RefillProbe(
             self.subscriptions, self.dispatcher, self.lifetime, refill_wait, self.boost

@@ -164,6 +164,7 @@ class Worker:
                     share_interval=self.settings.share_shards_seconds,
                     boost_after=self.settings.cold_boost_seconds,
                     telemetry=observed,
+                    resubscribe_interval=self.settings.reconnect_interval_seconds,
                 )
                 for consumer in self.app.consumers
             ]
