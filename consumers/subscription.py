@@ -14,7 +14,8 @@ Giving a message back differs with the queue's consumers:
 
 Deliveries are pushed: aiormq calls the subscription for each one, and it hands them to its
 `Receiver` (the runner's `consumers.intake`) with itself as the source. The receiver is an
-object given to `open`, not a closure, and the one place deliveries enter a runner.
+object given to `open`, not a closure, and the one place deliveries enter a runner. It also
+hears when the consumer is lost (`consumers.resubscribe`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustChannel
 from aiormq.abc import DeliveredMessage
+from pamqp.commands import Basic
 
 from bandgate.consumers.incoming import Incoming
 
@@ -37,6 +39,12 @@ class Receiver(Protocol):
         """A delivery came on `subscription`'s queue."""
         ...
 
+    def lost(self, subscription: Subscription, reason: str) -> None:
+        """`subscription` has no consumer any more, though its channel may be open: the
+        broker cancelled it (a consumer timeout, the queue deleted), or consuming again after
+        a reconnect failed."""
+        ...
+
 
 @dataclass(eq=False)
 class Subscription:
@@ -44,6 +52,7 @@ class Subscription:
     queue: str
     prefetch: int
     single_active: bool
+    shard: int = 0  # its index among the queues of its band (`QueueSpec.band_queues`)
     # Believed to be the queue's active consumer: it was the first consumer when it subscribed,
     # or a message came. Always true for competing consumers.
     active: bool = False
@@ -60,12 +69,19 @@ class Subscription:
 
         It consumes with aiormq (`consumers.incoming` says why), so a robust channel's own
         restore does not know the consumer: after a reconnect, `_restore` subscribes again.
+        The queue is looked up with aiormq too: a robust channel would declare a queue it
+        looked up again at every reconnect, and a reconnect would fail while the queue is gone
+        (the subscription, not the connection, waits for it: `consumers.resubscribe`).
         """
         channel = await connection.channel()
         self.channel = channel
-        await channel.set_qos(prefetch_count=self.prefetch)
-        queue = await channel.declare_queue(self.queue, passive=True)
-        declared = queue.declaration_result
+        try:
+            await channel.set_qos(prefetch_count=self.prefetch)
+            underlay = await channel.get_underlay_channel()
+            declared = await underlay.queue_declare(self.queue, passive=True)
+        except BaseException:
+            await self.close()
+            raise
         self.active = not self.single_active or not declared.consumer_count
         self.releasing = False
         self._receiver = receiver
@@ -82,17 +98,35 @@ class Subscription:
     async def _consume(self) -> None:
         assert self.channel is not None
         underlay = await self.channel.get_underlay_channel()
+        underlay.on_consumer_cancel_callbacks.add(self._cancelled)  # a set: once per channel
         self._consumer_tag = (await underlay.basic_consume(self.queue, self._deliver)).consumer_tag
 
     async def _deliver(self, delivered: DeliveredMessage) -> None:
         assert self._receiver is not None
         await self._receiver.receive(self, Incoming(delivered))
 
+    def _cancelled(self, frame: Basic.Cancel) -> None:
+        """A basic.cancel from the broker (a consumer this worker cancelled gets a CancelOk)."""
+        if frame.consumer_tag != self._consumer_tag:
+            return  # a consumer replaced by `resize`, or one closed meanwhile
+        self._lost(
+            "the broker cancelled its consumer (a message was held past the queue's consumer "
+            "timeout, or the queue was deleted)"
+        )
+
     async def _restore(self, channel: Any) -> None:
         """The robust channel came back (its prefetch restored): consume again."""
         if self.channel is not channel or self._consumer_tag is None:
             return  # closed or cancelled meanwhile
-        await self._consume()
+        try:
+            await self._consume()
+        except Exception as exc:  # the queue is gone, or the connection again
+            self._lost(f"consuming it on its reopened channel failed ({exc!r})")
+
+    def _lost(self, reason: str) -> None:
+        self._consumer_tag = None  # gone: nothing to restore or cancel on this channel
+        if self._receiver is not None:
+            self._receiver.lost(self, reason)
 
     async def resize(self, prefetch: int) -> None:
         """Consume with another prefetch; what is in hand stays and is settled as usual.
@@ -138,9 +172,12 @@ class Subscription:
             log.debug("cancelling the consumer of %s: %r", self.queue, exc)
 
     async def close(self) -> None:
-        """Close the channel: the broker takes back every message of it not settled yet."""
+        """Close the channel: the broker takes back every message of it not settled yet.
+
+        Even a channel the broker closed: a robust one would reopen itself, unused, unless
+        closed on purpose."""
         channel, self.channel, self._consumer_tag = self.channel, None, None
-        if channel is not None and not channel.is_closed:
+        if channel is not None:
             try:
                 await channel.close()
             except Exception as exc:
