@@ -1,4 +1,4 @@
-"""`python -m bench [publish|delay|consume|priority|memory|native|all]`: benchmarks against the raw
+"""`python -m bench [publish|delay|consume|priority|memory|native|shards|all]`: benchmarks against the raw
 aio-pika client and the alternatives, in one run on one broker, printed as tables and written
 as JSON under bench/results/. `all` takes about 17 minutes on two cores."""
 
@@ -20,6 +20,7 @@ from bench.memory import run_memory
 from bench.native import run_native
 from bench.priority import run_priority
 from bench.publish import run_publish
+from bench.shards import run_shards
 
 RESULTS = Path("bench/results")
 
@@ -31,6 +32,7 @@ BENCHMARKS: dict[str, Runner] = {
     "priority": lambda broker, args: run_priority(broker),
     "memory": lambda broker, args: run_memory(broker),
     "native": lambda broker, args: run_native(broker),
+    "shards": lambda broker, args: run_shards(broker),
 }
 
 
