@@ -1,6 +1,6 @@
-"""`python -m bench [publish|delay|consume|priority|memory|native|shards|all]`: benchmarks against the raw
-aio-pika client and the alternatives, in one run on one broker, printed as tables and written
-as JSON under bench/results/. `all` takes about 17 minutes on two cores."""
+"""`python -m bench [publish|delay|consume|priority|memory|native|shards|all]`: benchmarks
+against the raw aio-pika client and the alternatives, in one run on one broker, printed as
+tables and written as JSON under bench/results/. `all` takes about 20 minutes on two cores."""
 
 from __future__ import annotations
 
