@@ -28,6 +28,7 @@ T = TypeVar("T")
 
 # Smaller starts first: (-priority, enqueue time in milliseconds since the epoch).
 Rank = tuple[int, float]
+_FIRST = (0, 0)  # the head of a band of one queue whose first item is free
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,13 @@ class BandBuffer(Generic[T]):
         """Where the item to start next is, (shard, position), or None when no item's key is
         free: the best of the shards' first items whose keys are not `busy`."""
         if len(self._sequences) == 1:
-            position = self._first_free(self._sequences[0], busy)
+            sequence = self._sequences[0]
+            if not sequence:
+                return None
+            key = self._key(sequence[0])
+            if key is None or key not in busy:  # the common case, on the worker's hot path
+                return _FIRST
+            position = self._first_free(sequence, busy)
             return None if position is None else (0, position)
         best: tuple[int, int] | None = None
         best_rank: Rank | None = None
