@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
 import uuid
@@ -65,20 +66,31 @@ async def _hash_rate(channel: AbstractChannel, kind: str, keys: list[str]) -> tu
     return rate, max(depths) / statistics.mean(depths)
 
 
+async def _knows(url: str, kind: str) -> bool:
+    """Whether the broker has the exchange type `kind`: an unknown type closes the channel
+    (4.x) or the whole connection (3.10), so it is asked on a connection of its own."""
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        await channel.declare_exchange(f"bench.probe.{kind}", kind, auto_delete=True)
+    except aiormq.exceptions.AMQPError:
+        return False
+    finally:
+        with contextlib.suppress(aiormq.exceptions.AMQPError, ConnectionError):
+            await connection.close()
+    return True
+
+
 async def _shard_routing(url: str) -> list[dict[str, Any]]:
     kinds = ["x-consistent-hash", "x-modulus-hash"]
-    rates: dict[str, list[float]] = {kind: [] for kind in kinds}
+    rates: dict[str, list[float]] = {kind: [] for kind in kinds if await _knows(url, kind)}
     balance: dict[str, float] = {}
     keys = [uuid.uuid4().hex for _ in range(HASHED)]
     async with await aio_pika.connect(url) as connection:
         for _ in range(ROUNDS):  # interleaved, so a slow spell of the machine hits both
-            for kind in list(rates):
+            for kind in rates:
                 channel = await connection.channel(publisher_confirms=True)
-                try:
-                    rate, skew = await _hash_rate(channel, kind, keys)
-                except aiormq.exceptions.ChannelPreconditionFailed:
-                    rates.pop(kind)  # an exchange type this version does not have
-                    continue
+                rate, skew = await _hash_rate(channel, kind, keys)
                 rates[kind].append(rate)
                 balance[kind] = max(balance.get(kind, 0.0), skew)
     base = statistics.median(rates["x-consistent-hash"])
