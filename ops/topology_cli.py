@@ -1,5 +1,5 @@
-"""`bandgate topology apply | export | show`: put the topology on a broker, write it as
-definitions.json, or print it.
+"""`bandgate topology apply | export | show | prune`: put the topology on a broker, write it as
+definitions.json, print it, or remove what an older bandgate left on the broker.
 
 Mounted by the root CLI (`gateway/cli.py`) as the `topology` group; usable alone as `app`.
 Expected failures (an invalid topology file, an unreachable broker, a conflicting queue) print
@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bandgate.topology import naming
+from bandgate.topology import legacy, naming
 from bandgate.topology.declare import ApplyReport, apply_topology
 from bandgate.topology.export import DEV_PASSWORD, DEV_USER, definitions, to_json
 from bandgate.topology.loader import TopologyError
@@ -37,7 +37,8 @@ from bandgate.topology.settings import BrokerSettings
 CONNECT_TIMEOUT_SECONDS = 10.0
 
 app = typer.Typer(
-    help="Apply the topology to RabbitMQ, export it as definitions.json, or show it.",
+    help="Apply the topology to RabbitMQ, export it as definitions.json, show it, or prune "
+    "what an older version left.",
     no_args_is_help=True,
     # A traceback's locals would print the AMQP URL, password included.
     pretty_exceptions_show_locals=False,
@@ -198,6 +199,48 @@ def apply(
         markup=False,
         soft_wrap=True,
     )
+
+
+@app.command()
+def prune(
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Remove them even while they hold delayed messages (which are then lost) or "
+            "workers of the older version consume them.",
+        ),
+    ] = False,
+    topology: TopologyOption = None,
+    amqp_url: AmqpUrlOption = None,
+) -> None:
+    """Remove the objects an older bandgate named otherwise (its delay ladder, workers queues);
+    refuses while they are in use."""
+    settings = _settings(topology, amqp_url)
+    model = _load(settings)
+    try:
+        removed = asyncio.run(_prune(settings, model, force))
+    except (CliFailure, TopologyError) as exc:
+        _fail(str(exc))
+    names = [queue.name for queue in removed.queues] + list(removed.exchanges)
+    _stdout().print(
+        f"Removed {len(removed.queues)} queues and {len(removed.exchanges)} exchanges of an "
+        f"older bandgate: {', '.join(names)}"
+        if removed
+        else f"Nothing to prune at {redact(settings.amqp_url)}",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+async def _prune(settings: BrokerSettings, topology: Topology, force: bool) -> legacy.Leftovers:
+    connection = await connect(settings)
+    async with connection:
+        try:
+            return await legacy.prune(connection, topology, force)
+        except aiormq.exceptions.AMQPError as exc:
+            where = redact(settings.amqp_url)
+            raise CliFailure(f"RabbitMQ at {where} refused the removal: {reason(exc)}") from None
 
 
 @app.command()

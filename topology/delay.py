@@ -27,8 +27,8 @@ class DelayRoute:
 @dataclass(frozen=True)
 class DelayLadder:
     exchange: str
-    base_ms: int = 50
-    levels: int = 33
+    base_ms: int
+    levels: int
 
     @property
     def max_delay_ms(self) -> int:

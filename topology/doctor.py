@@ -6,7 +6,7 @@ The gateway and the workers run it at start-up (refusing to start on an error, a
 from the AMQP handshake and, with a management URL, the overview, queues, exchanges, policies and
 feature flags; without one, existing queues are compared with the topology by declaring them
 (`topology.conflicts`). The report types live in `topology.broker_report`, the policy rules in
-`topology.policy_checks`.
+`topology.policy_checks`, what an older bandgate left behind in `topology.legacy`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from urllib.parse import quote
 import httpx
 from aio_pika.abc import AbstractConnection
 
+from bandgate.topology import legacy
 from bandgate.topology.broker_report import BandOrdering, BrokerReport, Finding
 from bandgate.topology.conflicts import exchange_conflicts, probe_declared, queue_conflicts
 from bandgate.topology.declare import MIN_BROKER_VERSION, broker_version, parse_version
@@ -98,6 +99,7 @@ async def check_broker(
                 )
             )
             findings += await probe_declared(connection, topology)
+            findings += legacy.findings(await legacy.probe(connection, topology))
     else:
         findings.append(
             Finding.info(
@@ -107,6 +109,7 @@ async def check_broker(
             )
         )
         findings += await probe_declared(connection, topology)
+        findings += legacy.findings(await legacy.probe(connection, topology))
     ordering = tuple(
         BandOrdering(
             spec.name,
@@ -182,6 +185,7 @@ async def _read_management(
             )
         )
     findings += exchange_conflicts(topology, {e["name"]: str(e.get("type")) for e in exchanges})
+    findings += legacy.findings(legacy.from_management(topology, queues, exchanges))
     findings += policy_findings(topology, version, policies, operator)
     types = {str(item.get("name")) for item in overview.get("exchange_types", [])}
     if "x-consistent-hash" not in types:

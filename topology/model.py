@@ -258,9 +258,15 @@ class QueueSpec(_Frozen):
         )
 
 
+# The most levels a ladder may have; `topology.legacy` looks this far for an older ladder.
+MAX_DELAY_LEVELS = 48
+
+
 class DelaySettings(_Frozen):
     base_ms: int = Field(default=50, ge=1, description="TTL of delay level 0")
-    levels: int = Field(default=33, ge=1, le=48)
+    # 26 levels of 50 ms reach 38.8 days: past the 30 days of Cloud Tasks (SQS stops at 15
+    # minutes); each further level doubles the reach.
+    levels: int = Field(default=26, ge=1, le=MAX_DELAY_LEVELS)
 
 
 class UnknownQueueError(KeyError):

@@ -4,6 +4,10 @@ The gateway, the consumers, the exported definitions and the tests all call thes
 so they cannot disagree about what a band, a dead-letter queue or a delay level is called.
 Queue and band names never contain dots, which keeps routing keys unambiguous: the last two
 words of any bandgate routing key are always `<queue>.<priority>`.
+
+Queues that bandgate keeps for itself (the delay ladder, workers queues) start with
+`INTERNAL_PREFIX`, `zz.`: the management UI lists queues sorted by name, byte by byte, so they
+come after the bands of every logical queue whose name does not itself start with `zz`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,11 @@ GATEWAY_CONNECTION = "bandgate-gateway"
 WORKER_CONNECTION = "bandgate-worker"
 CLI_CONNECTION = "bandgate-cli"
 PRODUCER_CONNECTION = "bandgate-producer"
+
+
+# AMQP 0-9-1 names may hold only [a-zA-Z0-9-_.:] (pamqp, under aio-pika, refuses a `~`, which
+# would sort after everything), and `z` is the last of those in byte order.
+INTERNAL_PREFIX = "zz."
 
 
 def is_valid_name(name: str) -> bool:
@@ -42,7 +51,7 @@ def shard_exchange(exchange: str, queue: str, band: str) -> str:
     """Consistent-hash exchange spreading a sharded band's messages over its shard queues.
 
     The word `shards` keeps it apart from every other name under the deployment's exchange
-    (`<exchange>.dead`, `<exchange>.delay.NN`, `<exchange>.delay.out`).
+    (`<exchange>.dead`, and the legacy `<exchange>.delay.NN` and `<exchange>.delay.out`).
     """
     return f"{exchange}.shards.{queue}.{band}"
 
@@ -50,7 +59,7 @@ def shard_exchange(exchange: str, queue: str, band: str) -> str:
 def workers_queue(exchange: str, queue: str) -> str:
     """Queue that holds no messages: every worker of `queue` consumes it, so its consumer count
     is the number of workers (ordered sharded queues share their shards out by it)."""
-    return f"{exchange}.workers.{queue}"
+    return _internal(legacy_workers_queue(exchange, queue))
 
 
 def dead_letter_queue(queue: str) -> str:
@@ -71,12 +80,12 @@ def dead_letter_exchange(exchange: str) -> str:
 
 def delay_level(exchange: str, level: int) -> str:
     """Name of delay level `level`: a topic exchange and the TTL queue bound behind it."""
-    return f"{exchange}.delay.{level:02d}"
+    return _internal(legacy_delay_level(exchange, level))
 
 
 def delay_exit_exchange(exchange: str) -> str:
     """Topic exchange where the delay ladder ends; it routes `#.<queue>.<priority>` to bands."""
-    return f"{exchange}.delay.out"
+    return _internal(legacy_delay_exit_exchange(exchange))
 
 
 def delayed_routing_key(bits: str, queue: str, priority: int) -> str:
@@ -86,3 +95,24 @@ def delayed_routing_key(bits: str, queue: str, priority: int) -> str:
 
 def delay_exit_pattern(queue: str, priority: int) -> str:
     return f"#.{routing_key(queue, priority)}"
+
+
+def _internal(name: str) -> str:
+    return f"{INTERNAL_PREFIX}{name}"
+
+
+# The legacy rule: what bandgate called its internal objects before they took INTERNAL_PREFIX.
+# A deployment applied by an older version still has them; `topology.legacy` finds them by these
+# names (the doctor reports them, `bandgate topology prune` removes them once they are empty).
+
+
+def legacy_delay_level(exchange: str, level: int) -> str:
+    return f"{exchange}.delay.{level:02d}"
+
+
+def legacy_delay_exit_exchange(exchange: str) -> str:
+    return f"{exchange}.delay.out"
+
+
+def legacy_workers_queue(exchange: str, queue: str) -> str:
+    return f"{exchange}.workers.{queue}"

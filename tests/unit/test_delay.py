@@ -43,9 +43,10 @@ def test_max_delay_is_all_levels_full() -> None:
         LADDER.units(LADDER.max_delay_ms + 25)
 
 
-def test_the_shipped_ladder_reaches_years() -> None:
-    ladder = DelayLadder("bandgate", base_ms=50, levels=33)
-    assert ladder.max_delay_ms / 1000 / 86400 / 365 > 13
+def test_the_default_ladder_reaches_past_30_days() -> None:
+    """Cloud Tasks' longest delay; SQS stops at 15 minutes."""
+    assert Topology().ladder.max_delay_ms / 1000 / 86400 > 30
+    assert Topology().ladder.levels == 26
 
 
 @pytest.mark.parametrize("delay_ms", [0, 10, 24.9])
@@ -56,7 +57,7 @@ def test_a_delay_under_half_a_step_is_no_delay(delay_ms: float) -> None:
 def test_route_writes_the_delay_in_binary_and_enters_at_its_top_bit() -> None:
     route = LADDER.route(2000, "orders", 8)  # 40 units = 0b101000
     assert route is not None
-    assert route.exchange == "bandgate.delay.05"
+    assert route.exchange == "zz.bandgate.delay.05"
     assert route.routing_key == "0.0.0.0.0.0.1.0.1.0.0.0.orders.8"
     assert route.delay_ms == 2000
 
@@ -75,8 +76,8 @@ def test_bit_patterns_pick_one_word_per_level() -> None:
 
 
 def test_next_hop_goes_down_one_level_then_out() -> None:
-    assert LADDER.next_hop(3) == "bandgate.delay.02"
-    assert LADDER.next_hop(0) == "bandgate.delay.out"
+    assert LADDER.next_hop(3) == "zz.bandgate.delay.02"
+    assert LADDER.next_hop(0) == "zz.bandgate.delay.out"
 
 
 # A walk through the plan with AMQP's own routing rules.

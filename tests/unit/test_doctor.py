@@ -145,15 +145,15 @@ def test_message_ttl_policies_that_override_the_topology(topology: Topology) -> 
     assert "promoted to hot early" in findings["orders.warm"][0].message
     assert "dead letters expire and are dropped" in findings["orders.dlq"][0].message
     # Level 0 holds 50 ms, level 2 200 ms: a 5 s policy is the higher, the level's own applies.
-    assert "bandgate.delay.00" not in findings
+    assert "zz.bandgate.delay.00" not in findings
     assert all(f.severity == "error" for group in findings.values() for f in group)
     short = by_subject(
         policy_findings(topology, (3, 10, 8), [policy("delay", {"message-ttl": 100})])
     )
     assert "delays through this level end after 100 ms instead of 200 ms" in (
-        short["bandgate.delay.02"][0].message
+        short["zz.bandgate.delay.02"][0].message
     )
-    assert "bandgate.delay.00" not in short
+    assert "zz.bandgate.delay.00" not in short
 
 
 def test_expires_length_and_ignored_dead_letter_policies(topology: Topology) -> None:
@@ -178,7 +178,7 @@ def test_queue_conflicts_name_every_difference(topology: Topology) -> None:
     existing: dict[str, dict[str, Any]] = {
         decl.name: {"arguments": dict(decl.arguments), "type": decl.arguments["x-queue-type"]}
         for decl in plan(topology).queues
-        if decl.name != "bandgate.delay.01"
+        if decl.name != "zz.bandgate.delay.01"
     }
     assert [f.code for f in queue_conflicts(topology, existing)] == ["queue_missing"]
     existing["orders.hot"] = {"arguments": {}, "type": "classic"}
@@ -189,7 +189,7 @@ def test_queue_conflicts_name_every_difference(topology: Topology) -> None:
         "x-queue-type is 'classic' on the broker, the topology wants 'quorum'" in conflict.message
     )
     missing = next(f for f in findings if f.code == "queue_missing")
-    assert "1 queue(s) not declared yet (bandgate.delay.01)" in missing.message
+    assert "1 queue(s) not declared yet (zz.bandgate.delay.01)" in missing.message
 
 
 def test_exchange_conflicts(topology: Topology) -> None:

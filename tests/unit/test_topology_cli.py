@@ -46,7 +46,7 @@ def test_export_writes_a_file_for_a_vhost_with_the_dev_user(
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert result.stdout == ""
-    assert f"Wrote {output}: 36 exchanges, 40 queues, 108 bindings in vhost 'dev'" in result.stderr
+    assert f"Wrote {output}: 29 exchanges, 33 queues, 94 bindings in vhost 'dev'" in result.stderr
     document = json.loads(output.read_text(encoding="utf-8"))
     assert document["vhosts"] == [{"name": "dev"}]
     assert [user["name"] for user in document["users"]] == [export.DEV_USER]
@@ -80,9 +80,9 @@ def test_show_prints_every_band_and_the_delay_ladder(runner: CliRunner) -> None:
         "5 attempts, back-off 1 s x2 up to 5 min, then orders.dlq",
         "8 attempts, back-off 5 s x2 up to 5 min, then emails.dlq",
         "routing key <queue>.<priority>",
-        "Delay ladder: 33 levels, bandgate.delay.00 (50 ms) to bandgate.delay.32 (6.81 years)",
-        "delays up to 13.6 years in 50 ms steps",
-        "'bandgate.delay.out'",
+        "Delay ladder: 26 levels, zz.bandgate.delay.00 (50 ms) to zz.bandgate.delay.25 (19.4 days)",
+        "delays up to 38.8 days in 50 ms steps",
+        "'zz.bandgate.delay.out'",
     ):
         assert text in out, text
     rows = [line for line in out.splitlines() if "quorum" in line or "classic" in line]

@@ -70,7 +70,7 @@ def test_exchanges(objects: Plan) -> None:
     kinds = {e.name: e.type for e in objects.exchanges}
     assert kinds["bandgate"] == "topic"
     assert kinds["bandgate.dead"] == "direct"
-    assert kinds["bandgate.delay.out"] == "topic"
+    assert kinds["zz.bandgate.delay.out"] == "topic"
     assert [kinds[naming.delay_level("bandgate", k)] for k in range(12)] == ["topic"] * 12
     assert len(kinds) == 3 + 12
 
@@ -122,7 +122,7 @@ def test_bands_without_aging_dead_letter_into_the_queue_dlq(objects: Plan) -> No
     assert queue(objects, "orders.dlq").arguments == {"x-queue-type": "quorum"}
 
 
-@pytest.mark.parametrize("source", ["bandgate", "bandgate.delay.out"])
+@pytest.mark.parametrize("source", ["bandgate", "zz.bandgate.delay.out"])
 def test_every_priority_is_bound_exactly_once_per_queue(
     topology: Topology, objects: Plan, source: str
 ) -> None:
@@ -165,12 +165,12 @@ def test_each_delay_level_holds_its_ttl_and_passes_on(topology: Topology, object
 
 def test_the_shipped_topology_plan_counts() -> None:
     objects = plan(load_topology(ROOT / "bandgate.toml"))
-    # main, dead, delay exit, 33 levels; 33 level queues + 5 bands + 2 DLQs;
+    # main, dead, delay exit, 26 levels; 26 level queues + 5 bands + 2 DLQs;
     # 2 per level, 2 per priority per queue (main and delay exit), 1 per DLQ.
     assert (len(objects.exchanges), len(objects.queues), len(objects.bindings)) == (
-        36,
-        40,
-        33 * 2 + 2 * 10 * 2 + 2,
+        29,
+        33,
+        26 * 2 + 2 * 10 * 2 + 2,
     )
 
 
@@ -222,7 +222,7 @@ def test_a_sharded_band_is_a_hash_exchange_in_front_of_its_shard_queues() -> Non
     shards = [f"orders.cold.{i}" for i in range(3)]
     assert bindings_from(objects, hashing) == [BindingDecl(hashing, s, "1") for s in shards]
     # The band's priorities reach the exchange, from the main exchange and the delay exit.
-    for source, key in (("bandgate", naming.routing_key), ("bandgate.delay.out", None)):
+    for source, key in (("bandgate", naming.routing_key), ("zz.bandgate.delay.out", None)):
         into = {b.routing_key for b in bindings_from(objects, source) if b.destination == hashing}
         assert into == {
             key("orders", p) if key else naming.delay_exit_pattern("orders", p) for p in range(4)
@@ -270,9 +270,11 @@ def test_aging_into_a_sharded_band_goes_through_its_hash_exchange() -> None:
 
 def test_only_ordered_sharded_queues_get_a_workers_queue() -> None:
     names = [q.name for q in plan(SHARDED).queues]
-    assert naming.workers_queue("bandgate", "orders") == "bandgate.workers.orders"
-    assert "bandgate.workers.orders" in names
-    assert "bandgate.workers.emails" not in names  # sharded, but competing consumers
-    assert "bandgate.workers.commands" not in names  # ordered, one queue
-    assert queue(plan(SHARDED), "bandgate.workers.orders").arguments == {"x-queue-type": "quorum"}
+    assert naming.workers_queue("bandgate", "orders") == "zz.bandgate.workers.orders"
+    assert "zz.bandgate.workers.orders" in names
+    assert "zz.bandgate.workers.emails" not in names  # sharded, but competing consumers
+    assert "zz.bandgate.workers.commands" not in names  # ordered, one queue
+    assert queue(plan(SHARDED), "zz.bandgate.workers.orders").arguments == {
+        "x-queue-type": "quorum"
+    }
     assert len(set(names)) == len(names)
