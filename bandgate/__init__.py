@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from bandgate.consumers.app import ConsumerApp
-    from bandgate.consumers.errors import Reject, Retry
+    from bandgate.consumers.errors import Reject, Requeue, Retry
     from bandgate.consumers.message import Message
     from bandgate.core.producer import BatchMessage, BatchResult, Producer
     from bandgate.core.publish_outcomes import (
@@ -55,6 +55,7 @@ _EXPORTS = {
     "Published": _OUTCOMES,
     "PublishFailure": _OUTCOMES,
     "Reject": "bandgate.consumers.errors",
+    "Requeue": "bandgate.consumers.errors",
     "Retry": "bandgate.consumers.errors",
     "SyncProducer": "bandgate.core.sync_producer",
     "TopologyMissing": _OUTCOMES,
@@ -82,6 +83,7 @@ __all__ = [
     "PublishFailure",
     "Published",
     "Reject",
+    "Requeue",
     "Retry",
     "SyncProducer",
     "TopologyMissing",

@@ -180,7 +180,7 @@ async def _drain(
             merge_shards=merge,
         )
         trace_picks(runner, picks)
-        await runner.start()
+        await runner.open()
         loop = asyncio.create_task(runner.run())
         try:
             await asyncio.wait_for(picks.done.wait(), 120)

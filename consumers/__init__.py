@@ -12,7 +12,7 @@ Run it with `bandgate worker module:app`.
 """
 
 from bandgate.consumers.app import ConsumerApp
-from bandgate.consumers.errors import Reject, Retry
+from bandgate.consumers.errors import Reject, Requeue, Retry
 from bandgate.consumers.message import Message
 
-__all__ = ["ConsumerApp", "Message", "Reject", "Retry"]
+__all__ = ["ConsumerApp", "Message", "Reject", "Requeue", "Retry"]

@@ -42,6 +42,19 @@ class Reject(ConsumerError):
         self.reason = reason
 
 
+class Requeue(ConsumerError):
+    """Raise in a handler to give the message back to its queue at once, unhandled.
+
+    Not an attempt: the message keeps its attempt count. The broker counts it as a delivery
+    (`x-delivery-count`, on quorum bands), so after `max_deliveries` returns it is
+    dead-lettered with cause `delivery-limit`. HTTP receivers use it when a lease lapses.
+    """
+
+    def __init__(self, reason: str = "requeued") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class TimeLimitExceeded(ConsumerError):
     """A handler ran past its time limit and was cancelled; it counts as a failed attempt."""
 
@@ -58,6 +71,7 @@ __all__ = [
     "ConsumerError",
     "MalformedMessage",
     "Reject",
+    "Requeue",
     "Retry",
     "TimeLimitExceeded",
 ]

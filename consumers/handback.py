@@ -37,11 +37,12 @@ class HandBack:
         self.dispatcher = dispatcher
         self.lifetime = lifetime
 
-    async def give_back(self, delivery: Delivery) -> None:
-        """Return a message to its queue, in its place."""
+    async def give_back(self, delivery: Delivery, *, counted: bool = False) -> None:
+        """Return a message to its queue, in its place; `counted`: as a delivery
+        (`consumers.settle.Settler.give_back`)."""
         subscription = delivery.subscription
         if not subscription.single_active:
-            await self.settler.give_back(delivery.incoming)
+            await self.settler.give_back(delivery.incoming, counted=counted)
         elif not self.lifetime.stopping:
             self.hand_back(subscription)
 

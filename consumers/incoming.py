@@ -45,6 +45,8 @@ class Delivered(Protocol):
 
     def nack(self, *, requeue: bool = ...) -> Awaitable[None]: ...
 
+    def reject(self, *, requeue: bool = ...) -> Awaitable[None]: ...
+
 
 class Incoming:
     """A `Delivered` made from aiormq's delivery of a consumed message."""
@@ -84,6 +86,12 @@ class Incoming:
         """Give it back to its queue (`requeue`) or drop it."""
         if self.delivery_tag is not None:
             await self.channel.basic_nack(self.delivery_tag, requeue=requeue)
+
+    async def reject(self, *, requeue: bool = True) -> None:
+        """Give it back as a failed delivery: RabbitMQ 4.3 counts a reject, not a nack, in
+        `x-delivery-count`."""
+        if self.delivery_tag is not None:
+            await self.channel.basic_reject(self.delivery_tag, requeue=requeue)
 
     def __repr__(self) -> str:
         return f"Incoming(message_id={self.message_id!r}, delivery_tag={self.delivery_tag})"

@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-from bandgate.consumers.errors import MalformedMessage, Reject, Retry
+from bandgate.consumers.errors import MalformedMessage, Reject, Requeue, Retry
 from bandgate.consumers.message import Message
 from bandgate.topology.model import RetryPolicy
 
@@ -47,7 +47,14 @@ class DeadLetter:
     error_type: str | None = None
 
 
-Outcome = Ack | RetryLater | DeadLetter
+@dataclass(frozen=True)
+class GiveBack:
+    """Return it to its queue unhandled, counted by the broker as a delivery (`Requeue`)."""
+
+    reason: str
+
+
+Outcome = Ack | RetryLater | DeadLetter | GiveBack
 
 
 def describe(error: BaseException) -> str:
@@ -95,6 +102,8 @@ def after_handler(
     """The outcome of a handler run that raised `error` (None: it returned)."""
     if error is None:
         return Ack()
+    if isinstance(error, Requeue):
+        return GiveBack(error.reason)
     if isinstance(error, Reject):
         return DeadLetter("rejected", describe(error), type(error).__name__)
     if isinstance(error, MalformedMessage):
@@ -116,6 +125,7 @@ __all__ = [
     "Ack",
     "DeadLetter",
     "DeadLetterCause",
+    "GiveBack",
     "Outcome",
     "RetryLater",
     "after_handler",

@@ -27,7 +27,7 @@ from bandgate.consumers.errors import MalformedMessage, Reject, Retry
 from bandgate.consumers.handback import HandBack
 from bandgate.consumers.lifetime import Lifetime
 from bandgate.consumers.message import Message, read_message
-from bandgate.consumers.outcome import Ack, DeadLetter, Outcome, RetryLater, describe
+from bandgate.consumers.outcome import Ack, DeadLetter, GiveBack, Outcome, RetryLater, describe
 from bandgate.consumers.settle import Settled, Settler
 from bandgate.consumers.telemetry import ConsumerTelemetry, outcome_name
 from bandgate.topology.model import Band
@@ -55,10 +55,11 @@ class Pipeline:
         self.telemetry = telemetry
         self.executor = executor  # sync handlers' threads
 
-    async def process(self, delivery: Delivery) -> None:
-        """Handle and settle a started delivery, then free its slot."""
+    async def process(self, delivery: Delivery) -> Outcome | None:
+        """Handle and settle a started delivery, then free its slot; the last outcome settled
+        (None: it went back to its queue unsettled)."""
         try:
-            await self._handle(delivery, self.spec.bands[delivery.band])
+            return await self._handle(delivery, self.spec.bands[delivery.band])
         except asyncio.CancelledError:
             # Shut down past the grace period: not handled, so it goes back to its band.
             await self.handback.give_back(delivery)
@@ -68,6 +69,7 @@ class Pipeline:
                 "bug while processing message %s; returning it", delivery.incoming.message_id
             )
             await self.handback.give_back(delivery)
+            return None
         finally:
             delivery.subscription.finished()
             self.dispatcher.done(delivery.band, delivery)
@@ -76,7 +78,7 @@ class Pipeline:
         """Whether the outcome is a retry this worker runs itself (ordered queues)."""
         return self.spec.ordered and isinstance(outcome, RetryLater)
 
-    async def _handle(self, delivery: Delivery, band: Band) -> None:
+    async def _handle(self, delivery: Delivery, band: Band) -> Outcome | None:
         incoming = delivery.incoming
         try:
             message = read_message(incoming, self.spec, band)
@@ -86,15 +88,15 @@ class Pipeline:
             outcome = decide(self.consumer, message, exc)
             await self._settle(delivery, message, band, outcome)
             self.telemetry.finished(message, outcome, None)
-            return
+            return outcome
         first = True
         while True:
             outcome = await self._attempt(delivery, message, band, first=first)
             if not self._in_place(outcome):
-                return
+                return outcome
             assert isinstance(outcome, RetryLater)
             if not await self.lifetime.pause(outcome.delay):
-                return  # stopping: the message goes back with its channel, unsettled
+                return None  # stopping: the message goes back with its channel, unsettled
             message = replace(message, attempt=outcome.attempt)
             first = False
 
@@ -126,6 +128,9 @@ class Pipeline:
     async def _settle(
         self, delivery: Delivery, message: Message, band: Band, outcome: Outcome
     ) -> None:
+        if isinstance(outcome, GiveBack):
+            await self.handback.give_back(delivery, counted=True)
+            return
         settled = await self.settler.settle(delivery.incoming, message, band, outcome)
         if settled is Settled.UNCONFIRMED:
             await self.handback.give_back(delivery)

@@ -51,6 +51,7 @@ from bandgate.consumers.dispatch import Dispatcher, DispatcherClosed, make_polic
 from bandgate.consumers.handback import HandBack
 from bandgate.consumers.intake import Intake
 from bandgate.consumers.lifetime import Lifetime
+from bandgate.consumers.outcome import Outcome
 from bandgate.consumers.pipeline import Pipeline
 from bandgate.consumers.probe import RefillProbe
 from bandgate.consumers.resubscribe import Resubscriber
@@ -161,13 +162,13 @@ class ConsumerRunner:
         )
         self._channel: AbstractChannel | None = None  # for probes and counting workers
         self._boost_task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Outcome | None]] = set()
 
     @property
-    def in_flight(self) -> frozenset[asyncio.Task[None]]:
+    def in_flight(self) -> frozenset[asyncio.Task[Outcome | None]]:
         return frozenset(self._tasks)
 
-    async def start(self) -> None:
+    async def open(self) -> None:
         """Consume every band, hottest first and primed (`consumers.startup`), then start what
         runs beside the handlers."""
         self._channel = await self.connection.channel()
@@ -186,14 +187,22 @@ class ConsumerRunner:
                 band, delivery = await self.dispatcher.take()
             except DispatcherClosed:
                 return
-            if delivery.channel_gone:
-                # The connection dropped since it arrived; it is back in its band already.
-                self.dispatcher.done(band, delivery)
-                continue
-            delivery.subscription.started()
-            task = asyncio.create_task(self.pipeline.process(delivery))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.start(band, delivery)
+
+    def start(self, band: int, delivery: Delivery) -> asyncio.Task[Outcome | None] | None:
+        """Run a delivery the dispatcher handed out through the pipeline, in a task of its
+        own (None: it is back in its band already, its connection dropped since it came).
+
+        The run loop calls this for every delivery; an HTTP receiver (`bandgate.pull`)
+        takes from the dispatcher itself and calls this for each message it leases."""
+        if delivery.channel_gone:
+            self.dispatcher.done(band, delivery)
+            return None
+        delivery.subscription.started()
+        task = asyncio.create_task(self.pipeline.process(delivery))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def stop_consuming(self) -> None:
         """Stop taking messages and give back every one not started yet (`consumers.shutdown`)."""

@@ -20,7 +20,7 @@ from aio_pika.exceptions import ChannelInvalidStateError, MessageProcessError
 from bandgate.consumers.acks import AckWriter
 from bandgate.consumers.incoming import Delivered
 from bandgate.consumers.message import Message
-from bandgate.consumers.outcome import Ack, DeadLetter, Outcome, RetryLater
+from bandgate.consumers.outcome import Ack, DeadLetter, GiveBack, Outcome, RetryLater
 from bandgate.consumers.republish import dead_letter_message, retry_envelope
 from bandgate.consumers.telemetry import outcome_name
 from bandgate.core.publishing import Publisher, PublishFailure
@@ -63,6 +63,7 @@ class Settler:
         self, delivery: Delivered, message: Message, band: Band, outcome: Outcome
     ) -> Settled:
         """Carry out `outcome`: publish its copy (confirmed), then ack."""
+        assert not isinstance(outcome, GiveBack), "a GiveBack is handed back, not settled"
         if not isinstance(outcome, Ack):
             try:
                 await self._publish_copy(delivery, message, band, outcome)
@@ -125,9 +126,14 @@ class Settler:
             return False
         return True
 
-    async def give_back(self, delivery: Delivered) -> None:
-        """Return an unsettled delivery to its band (nack with requeue)."""
+    async def give_back(self, delivery: Delivered, *, counted: bool = False) -> None:
+        """Return an unsettled delivery to its band: nack with requeue, or reject with requeue
+        when the return should count as a delivery (`counted`). RabbitMQ 4.3 counts only a
+        reject in `x-delivery-count`; earlier versions count every return."""
         try:
-            await delivery.nack(requeue=True)
+            if counted:
+                await delivery.reject(requeue=True)
+            else:
+                await delivery.nack(requeue=True)
         except _CHANNEL_GONE as exc:
             log.debug("delivery %s was returned with its channel: %r", delivery.message_id, exc)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from aio_pika.abc import AbstractChannel
 
@@ -40,7 +41,7 @@ async def stop_taking(
     return len(returned)
 
 
-async def cancel(tasks: Iterable[asyncio.Future[None]]) -> None:
+async def cancel(tasks: Iterable[asyncio.Future[Any]]) -> None:
     """Cancel the handler tasks still running and wait for them to give their messages back."""
     cancelled = list(tasks)
     for task in cancelled:

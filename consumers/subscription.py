@@ -145,6 +145,22 @@ class Subscription:
         underlay = await self.channel.get_underlay_channel()
         await underlay.basic_cancel(old)
 
+    async def pause(self) -> None:
+        """Stop deliveries for a while (competing consumers only); the receiver gives back
+        what arrives meanwhile (`releasing`). An HTTP receiver pauses while no client waits, so
+        that it holds no messages another gateway process's clients could take."""
+        self.releasing = True
+        await self.cancel()
+
+    async def resume(self) -> int:
+        """Consume again after `pause`; the number of messages ready just before."""
+        assert self.channel is not None, "never opened"
+        underlay = await self.channel.get_underlay_channel()
+        declared = await underlay.queue_declare(self.queue, passive=True)
+        self.releasing = False
+        await self._consume()
+        return declared.message_count or 0
+
     def started(self) -> None:
         self.running += 1
         self._idle.clear()

@@ -15,7 +15,7 @@ from typing import Any
 from opentelemetry import trace
 
 from bandgate.consumers.message import Message
-from bandgate.consumers.outcome import Ack, DeadLetter, Outcome, RetryLater
+from bandgate.consumers.outcome import Ack, DeadLetter, GiveBack, Outcome, RetryLater
 from bandgate.core.telemetry import Telemetry, extract_context
 from bandgate.topology import wire
 
@@ -27,6 +27,8 @@ def outcome_name(outcome: Outcome) -> str:
         return "retry"
     if isinstance(outcome, DeadLetter):
         return "dead-letter"
+    if isinstance(outcome, GiveBack):
+        return "requeued"
     return "ack"
 
 
@@ -89,4 +91,4 @@ class ConsumerTelemetry:
         elif isinstance(outcome, DeadLetter):
             telemetry.series(telemetry.dead_lettered, queue, band, outcome.cause).inc()
         else:
-            assert isinstance(outcome, Ack)
+            assert isinstance(outcome, Ack | GiveBack)

@@ -172,7 +172,7 @@ class Worker:
             try:
                 # Dispatch once every band is consumed and primed, so the first starts already
                 # see all bands (strict order; weighted shares from the first message on).
-                starting = asyncio.gather(*(runner.start() for runner in self.runners))
+                starting = asyncio.gather(*(runner.open() for runner in self.runners))
                 await _first_of(starting, self._stop)
                 if not self._stop.is_set():
                     loops = {asyncio.create_task(runner.run()) for runner in self.runners}

@@ -8,7 +8,7 @@ from bandgate.consumers import ConsumerApp, Message, Reject, Retry
 from bandgate.consumers.balance import surplus
 from bandgate.consumers.errors import MalformedMessage
 from bandgate.consumers.ordering import ordered_outcome
-from bandgate.consumers.outcome import Ack, DeadLetter, RetryLater
+from bandgate.consumers.outcome import Ack, DeadLetter, Outcome, RetryLater
 from bandgate.consumers.testing import deliver, make_message
 from bandgate.topology.loader import parse_topology
 from bandgate.topology.model import FailureStrategy, RetryPolicy
@@ -16,9 +16,7 @@ from bandgate.topology.model import FailureStrategy, RetryPolicy
 POLICY = RetryPolicy(max_attempts=3, backoff_initial_seconds=1.0, jitter=0.0)
 
 
-def outcome(
-    strategy: FailureStrategy, error: BaseException | None, attempt: int = 1
-) -> Ack | RetryLater | DeadLetter:
+def outcome(strategy: FailureStrategy, error: BaseException | None, attempt: int = 1) -> Outcome:
     return ordered_outcome(error, make_message({}, attempt=attempt), POLICY, strategy)
 
 
