@@ -86,7 +86,7 @@ class Pipeline:
             message = read_message(incoming, self.spec, band, decode=False)
             log.error("dead-lettering malformed message %s: %s", message.message_id, exc)
             outcome = decide(self.consumer, message, exc)
-            await self._settle(delivery, message, band, outcome)
+            outcome = await self._settle(delivery, message, band, outcome)
             self.telemetry.finished(message, outcome, None)
             return outcome
         first = True
@@ -121,19 +121,22 @@ class Pipeline:
             if not isinstance(outcome, Ack):
                 span.set_status(trace.StatusCode.ERROR, outcome.reason)
             if not self._in_place(outcome):
-                await self._settle(delivery, message, band, outcome)
+                outcome = await self._settle(delivery, message, band, outcome)
         self.telemetry.finished(message, outcome, attempt.seconds)
         return outcome
 
     async def _settle(
         self, delivery: Delivery, message: Message, band: Band, outcome: Outcome
-    ) -> None:
+    ) -> Outcome:
+        """Carry out `outcome`; what was carried out (a copy not confirmed: given back)."""
         if isinstance(outcome, GiveBack):
             await self.handback.give_back(delivery, counted=True)
-            return
+            return outcome
         settled = await self.settler.settle(delivery.incoming, message, band, outcome)
         if settled is Settled.UNCONFIRMED:
             await self.handback.give_back(delivery)
+            return GiveBack(f"its {outcome_name(outcome)} copy was not confirmed")
+        return outcome
 
     def _log_failure(self, message: Message, error: BaseException, outcome: Outcome) -> None:
         log.log(

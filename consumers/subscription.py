@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -99,7 +100,12 @@ class Subscription:
         assert self.channel is not None
         underlay = await self.channel.get_underlay_channel()
         underlay.on_consumer_cancel_callbacks.add(self._cancelled)  # a set: once per channel
-        self._consumer_tag = (await underlay.basic_consume(self.queue, self._deliver)).consumer_tag
+        # A tag of our own: aiormq draws its tags from the `random` module, which an
+        # application (or Hypothesis) may seed, and a tag used again on a channel makes
+        # RabbitMQ 3.10 close the whole connection (541 INTERNAL_ERROR).
+        tag = f"bandgate.{secrets.token_hex(12)}"
+        consumed = await underlay.basic_consume(self.queue, self._deliver, consumer_tag=tag)
+        self._consumer_tag = consumed.consumer_tag
 
     async def _deliver(self, delivered: DeliveredMessage) -> None:
         assert self._receiver is not None

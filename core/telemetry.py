@@ -27,6 +27,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
@@ -107,6 +108,10 @@ class Telemetry:
         self.promoted = Counter(
             "bandgate_promoted", "messages handled after aging promoted them", band,
             registry=registry,
+        )  # fmt: skip
+        self.leased = Gauge(
+            "bandgate_leased", "messages leased to HTTP receivers (bandgate.pull) now",
+            ("queue",), registry=registry,
         )  # fmt: skip
         self.wait_time = Histogram(
             "bandgate_wait_seconds", "enqueue (or due time) until the handler starts", band,

@@ -4,12 +4,15 @@ broker link; nothing connects or reads the environment at import time."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any, Protocol
 
 from starlette.applications import Starlette
+from starlette.datastructures import State
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.routing import BaseRoute
 
 from bandgate.core.broker import BrokerLink
 from bandgate.core.heap import settle_heap
@@ -26,11 +29,30 @@ from bandgate.topology.model import Topology
 log = logging.getLogger(__name__)
 
 
+class Extension(Protocol):
+    """A surface a higher floor serves from the gateway's process (`bandgate.pull`), so that
+    the gateway itself never imports it: its routes, what it adds to the OpenAPI document,
+    and what it must close before the broker link does."""
+
+    def routes(self) -> list[BaseRoute]: ...
+
+    async def start(self, state: State) -> None:
+        """The app starts: `state` holds its settings, topology, broker link and telemetry."""
+        ...
+
+    def document(self, openapi: dict[str, Any]) -> None:
+        """Add its paths and schemas to the app's OpenAPI document."""
+        ...
+
+    async def close(self) -> None: ...
+
+
 def create_app(
     settings: GatewaySettings | None = None,
     topology: Topology | None = None,
     connect_wait: float = 5.0,
     telemetry: Telemetry | None = None,
+    extensions: Sequence[Extension] = (),
 ) -> Starlette:
     """Build the gateway. Without arguments, settings come from `BANDGATE_*` (read now) and
     the topology from the settings' file (read when the app starts)."""
@@ -55,12 +77,17 @@ def create_app(
         app.state.link = link
         app.state.telemetry = metrics
         app.state.authenticator = authenticator
+        app.state.extensions = tuple(extensions)
         await link.start(wait=connect_wait)
+        for extension in extensions:
+            await extension.start(app.state)
         settle_heap()
         try:
             yield
         finally:
             await finish_dead_letter_work(app.state)
+            for extension in extensions:
+                await extension.close()
             await link.close()
             if telemetry is None:
                 metrics.shutdown()
@@ -80,7 +107,12 @@ def create_app(
         Middleware(BodyLimitMiddleware, limit=resolved.max_body_bytes),
     ]
     return Starlette(
-        routes=routes() + dlq_routes() + console_routes(),
+        routes=[
+            *routes(),
+            *dlq_routes(),
+            *console_routes(),
+            *(route for extension in extensions for route in extension.routes()),
+        ],
         middleware=middleware,
         exception_handlers={ApiError: api_error_handler, HTTPException: http_error_handler},
         lifespan=lifespan,

@@ -2,7 +2,8 @@
 
 Tokens are configured as SHA-256 hashes (`bandgate token new` makes one), so the settings
 never hold a usable secret and nothing here logs one. Scopes: `publish:<queue>`,
-`read:<queue>` (stats), `admin` (everything, dead-letter operations included); `*` stands for
+`read:<queue>` (stats), `consume:<queue>` (receive and settle over HTTP, `bandgate.pull`),
+`admin` (everything, dead-letter operations included); `*` stands for
 any queue. The middleware answers 401 and 429; handlers check scopes and answer 403.
 
 Rate limits count messages: every request costs one, and a batch handler charges the rest of
@@ -27,8 +28,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bandgate.gateway.errors import ApiError, count_rejected, error_response
 
-Action = Literal["publish", "read"]
-SCOPE = re.compile(r"^(admin|(publish|read):(\*|[A-Za-z0-9][A-Za-z0-9_-]{0,63}))$")
+Action = Literal["publish", "read", "consume"]
+SCOPE = re.compile(r"^(admin|(publish|read|consume):(\*|[A-Za-z0-9][A-Za-z0-9_-]{0,63}))$")
 
 
 class TokenSpec(BaseModel):
@@ -47,8 +48,8 @@ class TokenSpec(BaseModel):
         for scope in scopes:
             if not SCOPE.fullmatch(scope):
                 raise ValueError(
-                    f"scope {scope!r} is invalid: use publish:<queue>, read:<queue> "
-                    "(queue or *) or admin"
+                    f"scope {scope!r} is invalid: use publish:<queue>, read:<queue>, "
+                    "consume:<queue> (queue or *) or admin"
                 )
         return scopes
 

@@ -260,7 +260,8 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
                     "type": "http",
                     "scheme": "bearer",
                     "description": "an API token; its scopes decide what it may do: "
-                    "publish:<queue>, read:<queue> (* for any queue), admin (everything)",
+                    "publish:<queue>, read:<queue>, consume:<queue> (* for any queue), "
+                    "admin (everything)",
                 }
             },
         },

@@ -3,6 +3,7 @@ the outcome; a 201 is sent only after the broker confirmed the message."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import orjson
@@ -207,7 +208,13 @@ async def metrics(request: Request) -> Response:
 
 
 async def openapi(request: Request) -> Response:
-    return json_response(openapi_document(ApiLimits.of(_settings(request), topology_of(request))))
+    document = openapi_document(ApiLimits.of(_settings(request), topology_of(request)))
+    extensions = getattr(request.app.state, "extensions", ())
+    if extensions:
+        document = copy.deepcopy(document)  # built once per set of limits, and shared
+        for extension in extensions:
+            extension.document(document)
+    return json_response(document)
 
 
 def routes() -> list[BaseRoute]:

@@ -11,6 +11,7 @@ import uvicorn
 
 from bandgate.consumers.cli import worker
 from bandgate.ops.ops_cli import register as register_ops
+from bandgate.ops.receive_cli import register as register_receive
 from bandgate.ops.topology_cli import app as topology_app
 
 root = typer.Typer(
@@ -20,6 +21,7 @@ root = typer.Typer(
 )
 root.add_typer(topology_app, name="topology")
 register_ops(root)
+register_receive(root)
 root.command("worker")(worker)
 
 
@@ -38,7 +40,7 @@ def gateway(
             os.environ[f"BANDGATE_{name}"] = str(value)  # worker processes read it too
     settings = GatewaySettings()
     uvicorn.run(
-        "bandgate.gateway.app:create_app",
+        "bandgate.pull.app:create_app",
         factory=True,
         workers=settings.workers,
         **server_options(settings),
@@ -63,7 +65,8 @@ def dev(
 def token(
     name: Annotated[str, typer.Option(help="who uses it, e.g. orders-api")],
     scope: Annotated[
-        list[str], typer.Option(help="publish:<queue>, read:<queue> (queue or *), or admin")
+        list[str],
+        typer.Option(help="publish:<queue>, read:<queue>, consume:<queue> (queue or *), or admin"),
     ],
 ) -> None:
     """Make a new API token: prints the secret once, and the entry for BANDGATE_TOKENS."""

@@ -18,10 +18,10 @@ import aio_pika
 import uvicorn
 from rich.console import Console
 
-from bandgate.gateway.app import create_app
 from bandgate.gateway.http_server import server_options
 from bandgate.gateway.settings import GatewaySettings
 from bandgate.ops.local_broker import LocalBroker, free_port, port_open
+from bandgate.pull.app import create_app
 from bandgate.topology import naming
 from bandgate.topology.declare import apply_topology
 from bandgate.topology.management import ManagementClient, vhost_of

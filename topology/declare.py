@@ -60,6 +60,16 @@ def parse_version(version: str) -> tuple[int, ...]:
     return tuple(int(n) for n in numbers[:3])
 
 
+def counts_every_return(version: str) -> bool:
+    """Whether a quorum queue counts every return in `x-delivery-count`, a nack included.
+
+    RabbitMQ 4.3 counts only `basic.reject` (and failed deliveries); earlier versions count
+    every message given back, so a message given back unhandled moves towards the delivery
+    limit there. Unknown versions are taken to count (the cautious answer)."""
+    parsed = parse_version(version)
+    return not parsed or parsed < (4, 3)
+
+
 async def apply_topology(
     connection: AbstractConnection,
     topology: Topology,

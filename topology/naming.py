@@ -62,6 +62,13 @@ def workers_queue(exchange: str, queue: str) -> str:
     return _internal(legacy_workers_queue(exchange, queue))
 
 
+def replica_mailbox(exchange: str, replica: str) -> str:
+    """Exclusive queue of one gateway process serving HTTP receivers (`bandgate.pull`): the
+    settlements of its leases that reach other processes are forwarded to it here. The broker
+    deletes it when that process's connection goes, which is how the others learn it is gone."""
+    return _internal(f"{exchange}.replica.{replica}")
+
+
 def dead_letter_queue(queue: str) -> str:
     return f"{queue}.dlq"
 

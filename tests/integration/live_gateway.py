@@ -8,9 +8,9 @@ import time
 import httpx
 import uvicorn
 
-from bandgate.gateway.app import create_app
 from bandgate.gateway.http_server import server_options
 from bandgate.gateway.settings import GatewaySettings
+from bandgate.pull.app import create_app
 from bandgate.topology.model import Topology
 
 

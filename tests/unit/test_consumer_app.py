@@ -23,7 +23,7 @@ def app(topology: Topology) -> ConsumerApp:
 
 
 def test_the_package_exports_the_documented_names() -> None:
-    assert bandgate.consumers.__all__ == ["ConsumerApp", "Message", "Reject", "Retry"]
+    assert bandgate.consumers.__all__ == ["ConsumerApp", "Message", "Reject", "Requeue", "Retry"]
 
 
 def test_the_decorated_function_stays_a_plain_function(app: ConsumerApp) -> None:

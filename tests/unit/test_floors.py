@@ -1,8 +1,9 @@
 """The floors of the package: every import points down, never up or sideways.
 
 `topology` at the bottom; `core` (broker link, publishing, telemetry) on it; `gateway` (HTTP)
-and `consumers` (the worker library) side by side on the core, never importing each other; `ops`
-(the CLI and operator tools) on top. The `bandgate` package itself only re-exports.
+and `consumers` (the worker library) side by side on the core, never importing each other;
+`pull` (HTTP pull consumers: a consumer served over the gateway) on both; `ops` (the CLI and
+operator tools) on top. The `bandgate` package itself only re-exports.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "core": frozenset({"topology", "core"}),
     "gateway": frozenset({"topology", "core", "gateway"}),
     "consumers": frozenset({"topology", "core", "consumers"}),
-    "ops": frozenset({"topology", "core", "gateway", "consumers", "ops"}),
+    "pull": frozenset({"topology", "core", "gateway", "consumers", "pull"}),
+    "ops": frozenset({"topology", "core", "gateway", "consumers", "pull", "ops"}),
 }
 FLOORS = tuple(ALLOWED)
 OLD_NAMES = frozenset(FLOORS)

@@ -1,0 +1,58 @@
+// A bandgate worker over HTTP in plain Node, 18 or later (global fetch; no npm packages). Env:
+// BANDGATE_GATEWAY_URL, BANDGATE_TOKEN, QUEUE, VISIBILITY_TIMEOUT (seconds a receive leases for).
+// Prints one JSON line per message settled: {id, band, priority, attempt, sku, qty, action}.
+const { BANDGATE_GATEWAY_URL: url = 'http://127.0.0.1:8000', QUEUE = 'orders' } = process.env;
+const base = `${url}/v1/queues/${encodeURIComponent(QUEUE)}`;
+const headers = { 'content-type': 'application/json' };
+if (process.env.BANDGATE_TOKEN) headers.authorization = `Bearer ${process.env.BANDGATE_TOKEN}`;
+const visibility = Number(process.env.VISIBILITY_TIMEOUT ?? 30);
+const stopping = new AbortController();
+for (const signal of ['SIGTERM', 'SIGINT']) process.on(signal, () => stopping.abort());
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const warn = (error) => console.error(error.message);
+
+async function call(path, body, signal) {
+  const init = { method: 'POST', headers, body: JSON.stringify(body), signal };
+  const response = await fetch(`${base}/${path}`, init);
+  const data = await response.json();
+  if (!response.ok) throw new Error(`${path}: ${data.error?.code}: ${data.error?.message}`);
+  return data;
+}
+
+async function work(messages) {
+  const held = new Set(messages.map((m) => m.receipt)); // leased to us, not settled yet
+  // Handling may outlast the lease: every 2/3 of it, extend what is still in hand.
+  const extend = (receipt) => call('receipts/extend', { receipt, visibility_timeout: visibility });
+  const keepalive = setInterval(() => held.forEach((r) => extend(r).catch(warn)), visibility * 667);
+  try {
+    for (const message of messages) { // in the order received: hottest band first
+      const { sku, qty, fail, poison, ms = 0 } = message.payload ?? {};
+      await sleep(ms); // the work itself: fill the order
+      let action = 'ack';
+      if (fail || poison) { // fail: retried with back-off, dead-lettered after max_attempts
+        held.delete(message.receipt);
+        const reason = poison ? 'unreadable order' : `out of stock: ${sku}`;
+        const release = { receipt: message.receipt, reason, dead_letter: Boolean(poison) };
+        action = (await call('receipts/release', release)).outcome; // retry | dead-lettered
+      }
+      const { message_id: id, band, priority, attempt } = message;
+      console.log(JSON.stringify({ id, band, priority, attempt, sku, qty, action }));
+    }
+  } finally { clearInterval(keepalive); }
+  if (held.size === 0) return;
+  const { failed } = await call('receipts/ack', { receipts: [...held] }); // one request for all
+  for (const { receipt, error } of failed) console.error(`ack ${receipt}: ${error.code}`);
+}
+
+// SIGTERM cuts a long poll short (the gateway sees the client go and gives back anything it
+// leased for it) but lets the batch in hand finish.
+const receive = { max_messages: 10, wait_seconds: 20, visibility_timeout: visibility };
+while (!stopping.signal.aborted) {
+  try {
+    await work((await call('receive', receive, stopping.signal)).messages);
+  } catch (error) {
+    if (error.name === 'AbortError') break; // SIGTERM while polling
+    warn(error);
+    await sleep(1000); // the gateway is down or refused us: do not spin
+  }
+}

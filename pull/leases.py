@@ -1,0 +1,143 @@
+"""Leases: a message handed to an HTTP client, invisible to others until it is settled or lapses.
+
+A lease is the parked handler's side of a message (`bandgate.pull.receiver`): the handler waits
+for its `verdict`, which the client's ack, release or extend decides, or its visibility timer
+when that runs out first. The book keeps this process's leases by number and counts them per
+token (`BANDGATE_PULL_MAX_LEASES_PER_TOKEN`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from bandgate.consumers.delivery import Delivery
+from bandgate.consumers.message import Message
+from bandgate.consumers.outcome import Outcome
+from bandgate.pull.receipts import Receipt, ReceiptError, Signer
+
+
+@dataclass(frozen=True)
+class Acked:
+    """The client handled it."""
+
+
+@dataclass(frozen=True)
+class Released:
+    """The client gives it back: a failed attempt (retried after `delay`, or the queue's
+    back-off), or straight to the dead-letter queue (`dead_letter`)."""
+
+    delay: float | None = None
+    reason: str | None = None
+    dead_letter: bool = False
+
+
+@dataclass(frozen=True)
+class Lapsed:
+    """Its visibility timeout ran out: visible again, one more receive counted."""
+
+
+Verdict = Acked | Released | Lapsed
+
+
+class LeaseGone(Exception):
+    """No such lease here any more: it lapsed, was settled, or its process restarted."""
+
+
+class Lease:
+    __slots__ = (
+        "number",
+        "receipt",
+        "queue",
+        "message",
+        "owner",
+        "verdict",
+        "task",
+        "outcome",
+        "delivery",
+        "visible_until",
+        "_timer",
+    )
+
+    def __init__(self, number: int, receipt: str, queue: str, message: Message, owner: str):
+        self.number = number
+        self.receipt = receipt
+        self.queue = queue
+        self.message = message
+        self.owner = owner  # the token's name, for its lease count
+        self.verdict: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        self.task: asyncio.Task[Outcome | None] | None = None  # the pipeline settling it
+        self.delivery: Delivery | None = None  # what the broker delivered
+        # What the pipeline made of the verdict, once settled on the broker.
+        self.outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._timer: asyncio.TimerHandle | None = None
+        self.visible_until = datetime.now(UTC)
+
+    def hide_for(self, seconds: float) -> None:
+        """Invisible for `seconds` from now (0: lapses at once)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self.visible_until = datetime.fromtimestamp(time.time() + seconds, UTC)
+        self._timer = asyncio.get_running_loop().call_later(seconds, self.decide, Lapsed())
+
+    def decide(self, verdict: Verdict) -> bool:
+        """Settle the lease; False when it was decided already."""
+        if self.verdict.done():
+            return False
+        if self._timer is not None:
+            self._timer.cancel()
+        self.verdict.set_result(verdict)
+        return True
+
+
+class LeaseBook:
+    def __init__(self, signer: Signer) -> None:
+        self.signer = signer
+        self._leases: dict[int, Lease] = {}
+        self._per_owner: Counter[str] = Counter()
+        self._next = 0
+
+    def open(self, queue: str, message: Message, visibility: float, owner: str) -> Lease:
+        self._next += 1
+        number = self._next
+        lease = Lease(number, self.signer.issue(number, queue), queue, message, owner)
+        lease.hide_for(visibility)
+        self._leases[number] = lease
+        self._per_owner[owner] += 1
+        return lease
+
+    def close(self, lease: Lease) -> None:
+        if self._leases.pop(lease.number, None) is not None:
+            self._per_owner[lease.owner] -= 1
+            if not self._per_owner[lease.owner]:
+                del self._per_owner[lease.owner]
+
+    def find(self, receipt: Receipt, queue: str) -> Lease:
+        """The open lease of `receipt`; `ReceiptError` when this process did not issue it for
+        `queue`, `LeaseGone` when it is no longer held."""
+        self.signer.verify(receipt, queue)
+        lease = self._leases.get(receipt.lease)
+        if lease is None or lease.verdict.done():
+            raise LeaseGone(receipt.text)
+        return lease
+
+    def held(self, owner: str) -> int:
+        return self._per_owner[owner]
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+
+__all__ = [
+    "Acked",
+    "Lapsed",
+    "Lease",
+    "LeaseBook",
+    "LeaseGone",
+    "Released",
+    "ReceiptError",
+    "Verdict",
+]

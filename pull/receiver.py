@@ -1,0 +1,396 @@
+"""One queue consumed over HTTP: the worker library's consumer, with a handler that parks.
+
+An HTTP receiver is a `ConsumerRunner` (`bandgate.consumers.runner`) without a run loop: the
+bands are consumed, buffered and picked by the same `Dispatcher` (waterfall, partition keys,
+shard merge), and every message goes through the same pipeline (delivery limit, retries,
+dead-letters, metrics, traces). What differs:
+
+- a waiting `receive` takes from the dispatcher (a slot is a lease: `BANDGATE_PULL_MAX_LEASES`
+  per queue and process) and starts the message's pipeline, as the run loop would;
+- the handler (`_park`) opens a lease, hands it to that `receive`, and waits for its verdict:
+  an ack returns, a release raises `Retry` (a failed attempt: back-off, then the dead-letter
+  queue after `max_attempts`) or `Reject` (dead-letter now), a lapse raises `Requeue` (back
+  in its queue at once, counted as a delivery, so `max_deliveries` applies);
+- while no client waits, the receiver pauses after `linger_seconds`: it stops consuming, so
+  new messages go to gateway processes whose clients wait. On RabbitMQ 4.3 it also gives back
+  what it holds unleased (a nack, which 4.3 does not count as a delivery). Earlier versions
+  count every return, and a client that polls, then sleeps, would see its messages
+  dead-lettered for `delivery-limit` after a few pauses: there the held messages stay for the
+  next `receive` that reaches this process. A `receive` resumes it, hottest band first, each
+  band's first prefetch in hand before the next (as a worker starts), so the order of a
+  backlog is strict from the first `receive` on. Ordered queues (single active consumer)
+  never pause.
+
+On an ordered queue a release is retried in place (`consumers.ordering`): the pipeline keeps the
+message and its partition key, and after the back-off runs the handler again, which offers the
+message to the next `receive` before anything from the dispatcher (a "rerun"). A key is never
+handed out while one of its messages is leased or waiting to be re-run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextvars
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aio_pika.abc import AbstractConnection
+
+from bandgate.consumers.consumer import Consumer
+from bandgate.consumers.delivery import Delivery
+from bandgate.consumers.errors import Reject, Requeue, Retry
+from bandgate.consumers.message import Message
+from bandgate.consumers.options import ConsumerOptions
+from bandgate.consumers.outcome import Outcome
+from bandgate.consumers.runner import ConsumerRunner
+from bandgate.consumers.settle import Settler
+from bandgate.consumers.telemetry import ConsumerTelemetry
+from bandgate.core.telemetry import Telemetry
+from bandgate.pull.leases import Lapsed, Lease, LeaseBook, LeaseGone, Released, Verdict
+from bandgate.pull.settings import PullSettings
+from bandgate.topology.model import QueueSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Handoff:
+    """What a `receive` tells the handler it starts: the lease's terms, and where to put it."""
+
+    visibility: float
+    owner: str
+    delivery: Delivery
+    leased: asyncio.Future[Lease]
+    task: asyncio.Task[Outcome | None] | None = None
+
+
+@dataclass
+class _Rerun:
+    """An ordered queue's message to lease again, after a release and its back-off."""
+
+    message: Message
+    delivery: Delivery
+    task: asyncio.Task[Outcome | None] | None
+    leased: asyncio.Future[Lease]
+
+
+class _Settlements(ConsumerTelemetry):
+    """The pipeline's telemetry, which also tells a settling client what its message came to.
+
+    The pipeline reports each handler run's outcome once it is settled (its retry or dead-letter
+    copy confirmed); on an ordered queue a retry in place is reported before its back-off, while
+    the pipeline task goes on holding the message."""
+
+    def __init__(self, telemetry: Telemetry | None) -> None:
+        super().__init__(telemetry)
+        self.awaited: dict[int, asyncio.Future[Outcome]] = {}  # by id() of the handler's Message
+
+    def finished(self, message: Message, outcome: Outcome, seconds: float | None) -> None:
+        super().finished(message, outcome, seconds)
+        waiting = self.awaited.pop(id(message), None)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(outcome)
+
+
+# Set around starting a message's pipeline task, whose context copies it for the handler.
+_HANDOFF: contextvars.ContextVar[_Handoff] = contextvars.ContextVar("bandgate_pull_handoff")
+
+
+class PullQueue:
+    def __init__(
+        self,
+        spec: QueueSpec,
+        connection: AbstractConnection,
+        settler: Settler,
+        book: LeaseBook,
+        settings: PullSettings,
+        telemetry: Telemetry | None,
+        count_returns: bool = True,
+    ) -> None:
+        """`count_returns`: the broker counts every return as a delivery (before 4.3)."""
+        self.spec = spec
+        self.count_returns = count_returns
+        self.book = book
+        self.settings = settings
+        self.settlements = _Settlements(telemetry)
+        self._leased = telemetry.series(telemetry.leased, spec.name) if telemetry else None
+        leases = settings.max_leases
+        options = ConsumerOptions(
+            queue=spec.name,
+            concurrency=leases,
+            retry=spec.retry,
+            # A band may lease up to every slot; a fixed prefetch also keeps the cold boost off.
+            prefetch_overrides={band.name: leases for band in spec.bands},
+        )
+        self.runner = ConsumerRunner(
+            Consumer(self._park, spec, options),
+            connection,
+            settler,
+            concurrency=leases,
+            telemetry=self.settlements,
+        )
+        self._waiting = 0
+        self._paused = False
+        self._switch = asyncio.Lock()
+        self._pause_timer: asyncio.TimerHandle | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._reruns: collections.deque[_Rerun] = collections.deque()
+        self._rerun_ready = asyncio.Event()
+
+    async def open(self) -> None:
+        await self.runner.open()
+        self._idle()
+
+    async def receive(
+        self,
+        count: int,
+        wait: float,
+        visibility: float,
+        owner: str,
+        allowance: Callable[[], int],
+    ) -> list[Lease]:
+        """Lease up to `count` messages, hottest first, waiting up to `wait` s for the first;
+        stop early once the payloads reach the response budget or `allowance()` (leases the
+        owner may still open) is used up."""
+        self._waiting += 1
+        if self._pause_timer is not None:
+            self._pause_timer.cancel()
+            self._pause_timer = None
+        try:
+            await self._resume()
+            return await self._lease_up_to(count, wait, visibility, owner, allowance)
+        finally:
+            self._waiting -= 1
+            if not self._waiting:
+                self._idle()
+
+    async def _lease_up_to(
+        self,
+        count: int,
+        wait: float,
+        visibility: float,
+        owner: str,
+        allowance: Callable[[], int],
+    ) -> list[Lease]:
+        deadline = asyncio.get_running_loop().time() + wait
+        leases: list[Lease] = []
+        try:
+            return await self._fill(leases, count, deadline, visibility, owner, allowance)
+        except asyncio.CancelledError:
+            # Nobody will see these receipts: give the messages back now, uncounted.
+            for lease in leases:
+                self.settlements.awaited.pop(id(lease.message), None)
+                if lease.task is not None:
+                    lease.task.cancel()
+            raise
+
+    async def _fill(
+        self,
+        leases: list[Lease],
+        count: int,
+        deadline: float,
+        visibility: float,
+        owner: str,
+        allowance: Callable[[], int],
+    ) -> list[Lease]:
+        dispatcher = self.runner.dispatcher
+        size = 0
+        while len(leases) < count and size < self.settings.max_response_bytes and allowance() > 0:
+            if self._reruns:
+                rerun = self._reruns.popleft()
+                lease = self._open(rerun.message, rerun.delivery, rerun.task, visibility, owner)
+                rerun.leased.set_result(lease)
+                leases.append(lease)
+                size += len(rerun.delivery.incoming.body)
+                continue
+            if leases:
+                taken = dispatcher.take_nowait()
+                if taken is None:
+                    break  # what is at hand now is all this response gets
+            else:
+                try:
+                    taken = await self._take(deadline)
+                except TimeoutError:
+                    break
+                if taken is None:
+                    continue  # a rerun is ready
+            leased = await self._lease(*taken, visibility, owner)
+            if leased is not None:
+                leases.append(leased)
+                size += len(taken[1].incoming.body)
+        return leases
+
+    async def _take(self, deadline: float) -> tuple[int, Delivery] | None:
+        """The dispatcher's next message by `deadline` (loop time), else `TimeoutError`; None
+        when a rerun became ready first."""
+        dispatcher = self.runner.dispatcher
+        if not self.spec.ordered:
+            async with asyncio.timeout_at(deadline):
+                return await dispatcher.take()  # claims nothing unless it returns
+        self._rerun_ready.clear()
+        taking = asyncio.ensure_future(dispatcher.take())
+        rerun = asyncio.ensure_future(self._rerun_ready.wait())
+        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+        try:
+            await asyncio.wait((taking, rerun), timeout=remaining, return_when="FIRST_COMPLETED")
+        except BaseException:
+            if taking.done() and not taking.cancelled() and taking.exception() is None:
+                band, delivery = taking.result()  # taken as this receive was cancelled
+                dispatcher.done(band, delivery)
+                await self.runner.handback.give_back(delivery)
+            raise
+        finally:
+            for waiter in (taking, rerun):
+                waiter.cancel()
+            await asyncio.gather(taking, rerun, return_exceptions=True)
+        if not taking.cancelled():
+            return taking.result()
+        if self._reruns:
+            return None
+        raise TimeoutError
+
+    async def _lease(
+        self, band: int, delivery: Delivery, visibility: float, owner: str
+    ) -> Lease | None:
+        """Start the message's pipeline; its lease, or None when it was settled without
+        reaching the handler (dead-lettered: delivered too often, or malformed)."""
+        leased: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
+        handoff = _Handoff(visibility, owner, delivery, leased)
+        token = _HANDOFF.set(handoff)
+        try:
+            task = self.runner.start(band, delivery)
+        finally:
+            _HANDOFF.reset(token)
+        if task is None:
+            return None
+        handoff.task = task
+        try:
+            await asyncio.wait((leased, task), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()  # its message goes back to its band, uncounted
+            raise
+        if not leased.done():
+            return None
+        return leased.result()
+
+    async def _park(self, message: Message) -> None:
+        """The handler: lease the message, wait for the verdict, and say it the library's way."""
+        handoff = _HANDOFF.get()
+        if handoff.leased.done():
+            # Run again in place (ordered queue): wait for the next receive to lease it.
+            future = asyncio.get_running_loop().create_future()
+            self._reruns.append(_Rerun(message, handoff.delivery, handoff.task, future))
+            self._rerun_ready.set()
+            lease = await future
+        else:
+            lease = self._open(
+                message, handoff.delivery, handoff.task, handoff.visibility, handoff.owner
+            )
+            handoff.leased.set_result(lease)
+        try:
+            verdict = await lease.verdict
+        finally:
+            self.book.close(lease)
+            if self._leased is not None:
+                self._leased.dec()
+        if isinstance(verdict, Lapsed):
+            raise Requeue("visibility timeout lapsed")
+        if isinstance(verdict, Released):
+            if verdict.dead_letter:
+                raise Reject(verdict.reason or "dead-lettered by the HTTP client")
+            raise Retry(verdict.delay, verdict.reason or "released by the HTTP client")
+
+    def _open(
+        self,
+        message: Message,
+        delivery: Delivery,
+        task: asyncio.Task[Outcome | None] | None,
+        visibility: float,
+        owner: str,
+    ) -> Lease:
+        lease = self.book.open(self.spec.name, message, visibility, owner)
+        if self._leased is not None:
+            self._leased.inc()
+        lease.delivery = delivery
+        lease.task = task
+        self.settlements.awaited[id(message)] = lease.outcome
+        return lease
+
+    async def settle(self, lease: Lease, verdict: Verdict) -> Outcome | None:
+        """Decide a lease and wait until its message is settled on the broker: its outcome."""
+        if lease.delivery is not None and lease.delivery.channel_gone:
+            lease.decide(Lapsed())
+            raise LeaseGone(lease.receipt)  # the broker took it back with its channel
+        if not lease.decide(verdict):
+            raise LeaseGone(lease.receipt)
+        assert lease.task is not None
+        # A client that hangs up does not stop the settlement half-way: nothing is cancelled.
+        await asyncio.wait((lease.outcome, lease.task), return_when=asyncio.FIRST_COMPLETED)
+        if lease.outcome.done():
+            return lease.outcome.result()
+        return None  # the pipeline ended without settling it: it went back to its band
+
+    def _idle(self) -> None:
+        """Pause after `linger_seconds` unless a client comes back meanwhile."""
+        if self.spec.ordered or self._pause_timer is not None:
+            return
+        self._pause_timer = asyncio.get_running_loop().call_later(
+            self.settings.linger_seconds, self._spawn_pause
+        )
+
+    def _spawn_pause(self) -> None:
+        self._pause_timer = None
+        task = asyncio.create_task(self._pause())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _pause(self) -> None:
+        async with self._switch:
+            if self._waiting or self._paused or self.runner.lifetime.stopping:
+                return
+            runner = self.runner
+            for subscription in (s for band in runner.subscriptions for s in band):
+                await subscription.pause()
+            self._paused = True
+            if self.count_returns:
+                return  # what it holds waits here for the next receive: see the docstring
+            for band in range(len(self.spec.bands)):
+                for delivery in runner.dispatcher.discard(band, lambda _: True):
+                    await runner.handback.give_back(delivery)
+
+    async def _resume(self) -> None:
+        """Consume again, hottest band first, each primed (`consumers.startup`'s reasons)."""
+        async with self._switch:  # after a pause under way, if one is
+            if not self._paused:
+                return
+            runner = self.runner
+            for index, subscriptions in enumerate(runner.subscriptions):
+                expected = runner.intake.arrived(index)
+                held = runner.dispatcher.at_hand(index)  # kept through the pause (before 4.3)
+                for subscription in subscriptions:
+                    ready = await subscription.resume()
+                    kept = sum(1 for delivery in held if delivery.subscription is subscription)
+                    room = subscription.prefetch - subscription.running - kept
+                    expected += min(ready, max(0, room))
+                try:
+                    async with asyncio.timeout(runner.prime_timeout):
+                        await runner.intake.arrival(index, expected)
+                except TimeoutError:
+                    log.debug("resuming %s: band %d not primed", self.spec.name, index)
+            self._paused = False
+
+    async def close(self) -> None:
+        """Stop taking; the messages still leased go back to their bands, uncounted."""
+        if self._pause_timer is not None:
+            self._pause_timer.cancel()
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.runner.stop_consuming()
+        await self.runner.abort()
+        await self.runner.close()
+
+
+__all__ = ["PullQueue"]

@@ -1,0 +1,220 @@
+"""HTTP endpoints of the receivers (v1): receive, ack (one or a batch), release, extend.
+
+Requests are checked here, at the edge, into the documented error shape; the `Receivers` of
+the process (`bandgate.pull.service`) does the rest. Every endpoint needs `consume:<queue>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from bandgate.consumers.outcome import MAX_REASON_CHARS
+from bandgate.gateway.auth import authorize, charge
+from bandgate.gateway.errors import ApiError, count_rejected
+from bandgate.gateway.routes import json_body, queue_spec, topology_of
+from bandgate.gateway.schemas import validation_error
+from bandgate.pull.leases import Lease
+from bandgate.pull.receipts import MAX_RECEIPT_CHARS
+from bandgate.pull.service import Receivers, iso
+from bandgate.pull.settings import MAX_MESSAGES, MAX_VISIBILITY_SECONDS, MAX_WAIT_SECONDS
+
+MAX_ACK_BATCH = 100
+
+Receipt = Field(min_length=1, max_length=MAX_RECEIPT_CHARS)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ReceiveRequest(_Strict):
+    max_messages: int = Field(default=1, ge=1, le=MAX_MESSAGES)
+    wait_seconds: float = Field(default=0, ge=0, le=MAX_WAIT_SECONDS)
+    visibility_timeout: float | None = Field(default=None, gt=0, le=MAX_VISIBILITY_SECONDS)
+
+
+class AckBatchRequest(_Strict):
+    receipts: list[str] = Field(min_length=1)
+
+
+class ReleaseRequest(_Strict):
+    receipt: str = Receipt
+    delay_seconds: float | None = Field(default=None, ge=0)
+    reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS)
+    dead_letter: StrictBool = False
+
+
+class ExtendRequest(_Strict):
+    receipt: str = Receipt
+    visibility_timeout: float = Field(ge=0, le=MAX_VISIBILITY_SECONDS)
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(
+        orjson.dumps(data, default=_header_value),
+        status_code=status,
+        media_type="application/json",
+    )
+
+
+def _header_value(value: Any) -> Any:
+    """AMQP header values JSON has no type for (bytes, decimals, timestamps), as text."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _receivers(request: Request) -> Receivers:
+    receivers: Receivers = request.app.state.receivers
+    return receivers
+
+
+async def _body(request: Request, model: type[_Strict]) -> Any:
+    data = await json_body(request)
+    if not isinstance(data, dict):
+        raise ApiError(422, "invalid_body", "the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def _consumer(request: Request) -> str:
+    """Check the scope; the name leases are counted under."""
+    queue = request.path_params["queue"]
+    authorize(request, "consume", queue)
+    queue_spec(request)
+    return str(request.state.principal.name)
+
+
+def message_body(lease: Lease) -> dict[str, Any]:
+    message = lease.message
+    return {
+        "message_id": message.message_id,
+        "receipt": lease.receipt,
+        "payload": message.payload,
+        "priority": message.priority,
+        "band": message.band,
+        "attempt": message.attempt,
+        "receive_count": message.delivery_count + 1,
+        "enqueued_at": iso(message.enqueued_at),
+        "visible_until": iso(lease.visible_until),
+        "headers": dict(message.headers),
+        "partition_key": message.partition_key,
+    }
+
+
+async def receive(request: Request) -> Response:
+    owner = _consumer(request)
+    spec = queue_spec(request)
+    asked: ReceiveRequest = await _body(request, ReceiveRequest)
+    receivers = _receivers(request)
+    visibility = asked.visibility_timeout or receivers.settings.default_visibility_seconds
+    receiving = asyncio.ensure_future(
+        receivers.receive(spec, asked.max_messages, asked.wait_seconds, visibility, owner)
+    )
+    hung_up = asyncio.ensure_future(_hung_up(request))
+    try:
+        await asyncio.wait((receiving, hung_up), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hung_up.cancel()
+        if not receiving.done():
+            # The client left (or the server stops): what this receive leased goes back.
+            receiving.cancel()
+        await asyncio.gather(receiving, hung_up, return_exceptions=True)
+    if receiving.cancelled():
+        return Response(status_code=499)  # nobody reads it
+    return _json({"messages": [message_body(lease) for lease in receiving.result()]})
+
+
+async def _hung_up(request: Request) -> None:
+    """Return when the client closes its connection (its body is read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def ack(request: Request) -> Response:
+    _consumer(request)
+    await _receivers(request).ack(request.path_params["queue"], request.path_params["receipt"])
+    return Response(status_code=204)
+
+
+async def ack_batch(request: Request) -> Response:
+    _consumer(request)
+    asked: AckBatchRequest = await _body(request, AckBatchRequest)
+    if len(asked.receipts) > MAX_ACK_BATCH:
+        raise ApiError(
+            413, "batch_too_large", f"a batch holds at most {MAX_ACK_BATCH} receipts", "receipts"
+        )
+    charge(request, len(asked.receipts) - 1)
+    receivers = _receivers(request)
+    queue = request.path_params["queue"]
+    successful: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    for index, receipt in enumerate(asked.receipts):
+        try:
+            await receivers.ack(queue, receipt)
+        except ApiError as error:
+            problem = {**error.body(), "field": f"receipts.{index}"}
+            failed.append({"index": index, "receipt": receipt, "error": problem})
+            count_rejected(request, error.code)
+        else:
+            successful.append({"index": index, "receipt": receipt})
+    return _json({"successful": successful, "failed": failed})
+
+
+async def release(request: Request) -> Response:
+    _consumer(request)
+    asked: ReleaseRequest = await _body(request, ReleaseRequest)
+    longest = topology_of(request).ladder.max_delay_ms / 1000
+    if asked.delay_seconds is not None and asked.delay_seconds > longest:
+        raise ApiError(
+            422,
+            "invalid_field",
+            f"delay_seconds: at most {longest:g} (the delay ladder's longest delay)",
+            "delay_seconds",
+        )
+    if asked.dead_letter and asked.delay_seconds is not None:
+        raise ApiError(
+            422,
+            "conflicting_fields",
+            "delay_seconds says when to retry; dead_letter says never: send one",
+            "delay_seconds",
+        )
+    result = await _receivers(request).release(
+        request.path_params["queue"],
+        asked.receipt,
+        asked.delay_seconds,
+        asked.reason,
+        asked.dead_letter,
+    )
+    return _json(result)
+
+
+async def extend(request: Request) -> Response:
+    _consumer(request)
+    asked: ExtendRequest = await _body(request, ExtendRequest)
+    result = await _receivers(request).extend(
+        request.path_params["queue"], asked.receipt, asked.visibility_timeout
+    )
+    return _json(result)
+
+
+def routes() -> list[BaseRoute]:
+    return [
+        Route("/v1/queues/{queue}/receive", receive, methods=["POST"]),
+        Route("/v1/queues/{queue}/receipts/ack", ack_batch, methods=["POST"]),
+        Route("/v1/queues/{queue}/receipts/release", release, methods=["POST"]),
+        Route("/v1/queues/{queue}/receipts/extend", extend, methods=["POST"]),
+        Route("/v1/queues/{queue}/receipts/{receipt}", ack, methods=["DELETE"]),
+    ]
+
+
+__all__ = ["message_body", "routes"]

@@ -1,0 +1,247 @@
+"""The HTTP receivers of one gateway process: receive, and settle by receipt, here or forwarded.
+
+One `Receivers` per process holds its replica id, its receipt signer and lease book, one
+`PullQueue` per queue a client has received from (made at the first receive: a gateway that
+only publishes never consumes), and its mailbox (`bandgate.pull.mailbox`). Settling a receipt
+issued here decides the lease; a receipt of another process is forwarded to it. Errors are
+`ApiError`s, which travel back through a forward unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import aiormq
+from aio_pika.abc import AbstractConnection
+from aio_pika.exceptions import ChannelInvalidStateError
+
+from bandgate.consumers.outcome import Ack, DeadLetter, GiveBack, Outcome, RetryLater
+from bandgate.consumers.settle import Settler
+from bandgate.core.broker import BrokerLink
+from bandgate.core.telemetry import Telemetry
+from bandgate.gateway.errors import ApiError
+from bandgate.pull.leases import Acked, Lease, LeaseBook, LeaseGone, Released, Verdict
+from bandgate.pull.mailbox import Answer, Command, HolderGone, Mailbox
+from bandgate.pull.receipts import Receipt, ReceiptError, Signer, new_replica_id, parse
+from bandgate.pull.receiver import PullQueue
+from bandgate.pull.settings import PullSettings
+from bandgate.topology.declare import counts_every_return
+from bandgate.topology.model import QueueSpec
+
+log = logging.getLogger(__name__)
+
+
+def lease_gone() -> ApiError:
+    return ApiError(
+        410,
+        "lease_expired",
+        "no lease holds this receipt any more: its visibility timeout lapsed (the message is "
+        "visible again), it was settled already, or the gateway process restarted",
+        "receipt",
+    )
+
+
+def invalid_receipt(exc: ReceiptError) -> ApiError:
+    return ApiError(422, "invalid_receipt", str(exc), "receipt")
+
+
+def outcome_body(outcome: Outcome | None) -> dict[str, Any]:
+    """What became of a settled message, for the client."""
+    if isinstance(outcome, Ack):
+        return {"outcome": "acked"}
+    if isinstance(outcome, RetryLater):
+        return {"outcome": "retry", "attempt": outcome.attempt, "retry_in_seconds": outcome.delay}
+    if isinstance(outcome, DeadLetter):
+        return {"outcome": "dead-lettered", "cause": outcome.cause, "reason": outcome.reason}
+    if isinstance(outcome, GiveBack):
+        # A lapse, or a retry or dead-letter copy the broker did not confirm: back in its band.
+        return {"outcome": "requeued", "reason": outcome.reason}
+    # The pipeline ended without settling it (the gateway stops): back in its band.
+    return {"outcome": "returned"}
+
+
+class Receivers:
+    def __init__(
+        self,
+        link: BrokerLink,
+        settings: PullSettings,
+        telemetry: Telemetry | None,
+        replica: str | None = None,
+    ) -> None:
+        self.link = link
+        self.settings = settings
+        self.telemetry = telemetry
+        self.replica = replica or new_replica_id()
+        self.book = LeaseBook(Signer(self.replica))
+        self._settler = Settler(link.publisher)
+        self._queues: dict[str, PullQueue] = {}
+        self._mailbox: Mailbox | None = None
+        self._opening = asyncio.Lock()
+
+    def _connection(self) -> AbstractConnection:
+        connection = self.link.connection
+        if connection is None or not self.link.connected:
+            raise ApiError(
+                503, "broker_unavailable", self.link.problem or "not connected to the broker"
+            )
+        return connection
+
+    async def _ready_mailbox(self) -> Mailbox:
+        if self._mailbox is None:
+            async with self._opening:
+                if self._mailbox is None:
+                    mailbox = Mailbox(
+                        self._connection(),
+                        self.link.topology.exchange,
+                        self.replica,
+                        self._carry_out,
+                        self.settings.forward_timeout_seconds,
+                    )
+                    await mailbox.open()
+                    self._mailbox = mailbox
+        return self._mailbox
+
+    async def _queue(self, spec: QueueSpec) -> PullQueue:
+        await self._ready_mailbox()  # receipts must be answerable before one is issued
+        queue = self._queues.get(spec.name)
+        if queue is None:
+            async with self._opening:
+                queue = self._queues.get(spec.name)
+                if queue is None:
+                    queue = PullQueue(
+                        spec,
+                        self._connection(),
+                        self._settler,
+                        self.book,
+                        self.settings,
+                        self.telemetry,
+                        count_returns=counts_every_return(self.link.version),
+                    )
+                    await queue.open()
+                    self._queues[spec.name] = queue
+        return queue
+
+    async def receive(
+        self, spec: QueueSpec, count: int, wait: float, visibility: float, owner: str
+    ) -> list[Lease]:
+        allowed = self.settings.max_leases_per_token
+        if self.book.held(owner) >= allowed:
+            raise ApiError(
+                429,
+                "too_many_leases",
+                f"this token holds {allowed} leases in this gateway process, its limit: "
+                "settle some first",
+                headers={"Retry-After": "1"},
+            )
+        try:
+            queue = await self._queue(spec)
+            return await queue.receive(
+                count, wait, visibility, owner, lambda: allowed - self.book.held(owner)
+            )
+        except (aiormq.exceptions.AMQPError, ConnectionError, ChannelInvalidStateError) as exc:
+            # The broker went away while this receive subscribed or resumed; what it had
+            # leased went back with the channel.
+            raise ApiError(
+                503, "broker_unavailable", f"the broker is unavailable: {exc!r}"
+            ) from None
+
+    async def ack(self, queue: str, receipt: str) -> dict[str, Any]:
+        return await self._settle(queue, receipt, {"op": "ack"})
+
+    async def release(
+        self, queue: str, receipt: str, delay: float | None, reason: str | None, dead_letter: bool
+    ) -> dict[str, Any]:
+        command = {"op": "release", "delay": delay, "reason": reason, "dead_letter": dead_letter}
+        return await self._settle(queue, receipt, command)
+
+    async def extend(self, queue: str, receipt: str, visibility: float) -> dict[str, Any]:
+        return await self._settle(queue, receipt, {"op": "extend", "visibility": visibility})
+
+    async def _settle(self, queue: str, text: str, command: Command) -> dict[str, Any]:
+        try:
+            receipt = parse(text)
+        except ReceiptError as exc:
+            raise invalid_receipt(exc) from None
+        if receipt.replica == self.replica:
+            return await self._apply(queue, receipt, command)
+        mailbox = await self._ready_mailbox()
+        try:
+            answer = await mailbox.forward(
+                receipt.replica, {**command, "queue": queue, "receipt": text}
+            )
+        except HolderGone:
+            raise ApiError(
+                410,
+                "lease_lost",
+                "the gateway process that leased this message is gone; the broker gave the "
+                "message back to its queue, and it will be received again",
+                "receipt",
+            ) from None
+        except TimeoutError:
+            raise ApiError(
+                503,
+                "holder_unresponsive",
+                "the gateway process holding this lease did not answer in time; try again",
+                headers={"Retry-After": "1"},
+            ) from None
+        if answer["status"] != 200:
+            error = answer["error"]
+            raise ApiError(answer["status"], error["code"], error["message"], error.get("field"))
+        body: dict[str, Any] = answer["body"]
+        return body
+
+    async def _apply(self, queue: str, receipt: Receipt, command: Command) -> dict[str, Any]:
+        try:
+            lease = self.book.find(receipt, queue)
+        except ReceiptError as exc:
+            raise invalid_receipt(exc) from None
+        except LeaseGone:
+            raise lease_gone() from None
+        if command["op"] == "extend":
+            if lease.verdict.done():
+                raise lease_gone()
+            lease.hide_for(float(command["visibility"]))
+            return {"receipt": receipt.text, "visible_until": iso(lease.visible_until)}
+        verdict: Verdict = (
+            Acked()
+            if command["op"] == "ack"
+            else Released(command.get("delay"), command.get("reason"), command["dead_letter"])
+        )
+        owner = self._queues.get(queue)
+        assert owner is not None, "a lease of a queue never received from"
+        try:
+            outcome = await owner.settle(lease, verdict)
+        except LeaseGone:
+            raise lease_gone() from None
+        return {"receipt": receipt.text, **outcome_body(outcome)}
+
+    async def _carry_out(self, command: Command) -> Answer:
+        """A settlement forwarded here by another process."""
+        try:
+            receipt = parse(str(command.get("receipt")))
+            body = await self._apply(str(command.get("queue")), receipt, command)
+        except ReceiptError as exc:
+            return {"status": 422, "error": invalid_receipt(exc).body()}
+        except ApiError as exc:
+            return {"status": exc.status, "error": exc.body()}
+        except Exception:
+            log.exception("a forwarded settlement failed")
+            return {"status": 503, "error": {"code": "internal_error", "message": "see logs"}}
+        return {"status": 200, "body": body}
+
+    async def close(self) -> None:
+        """Give every leased message back (uncounted), then close the mailbox."""
+        for queue in self._queues.values():
+            await queue.close()
+        if self._mailbox is not None:
+            await self._mailbox.close()
+
+
+def iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+__all__ = ["Receivers", "iso", "outcome_body"]

@@ -1,0 +1,47 @@
+"""Settings of HTTP receivers, from `BANDGATE_PULL_*` environment variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# SQS's bounds, which HTTP clients of queues know: visibility up to 12 hours, long polls up to
+# 20 s, 10 messages per receive.
+MAX_VISIBILITY_SECONDS = 43_200
+MAX_WAIT_SECONDS = 20
+MAX_MESSAGES = 10
+
+
+class PullSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BANDGATE_PULL_", extra="ignore")
+
+    max_leases: int = Field(
+        default=256,
+        ge=1,
+        le=65_535,
+        description="messages one gateway process holds leased per queue; also each band's "
+        "prefetch while clients wait",
+    )
+    max_leases_per_token: int = Field(
+        default=1000, ge=1, description="leases one token may hold at once, per process"
+    )
+    default_visibility_seconds: float = Field(
+        default=30, gt=0, le=MAX_VISIBILITY_SECONDS, description="when a receive names none"
+    )
+    max_response_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        description="a receive stops taking messages once their payloads reach this (the "
+        "first always comes)",
+    )
+    linger_seconds: float = Field(
+        default=0.1,
+        ge=0,
+        description="how long a process keeps consuming after its last waiting receive",
+    )
+    forward_timeout_seconds: float = Field(
+        default=5.0, gt=0, description="for the process holding a lease to answer a forward"
+    )
+
+
+__all__ = ["MAX_MESSAGES", "MAX_VISIBILITY_SECONDS", "MAX_WAIT_SECONDS", "PullSettings"]
