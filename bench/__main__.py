@@ -1,6 +1,8 @@
-"""`python -m bench [publish|delay|consume|priority|memory|native|shards|all]`: benchmarks
+"""`python -m bench [publish|delay|consume|priority|memory|native|shards|pull|all]`: benchmarks
 against the raw aio-pika client and the alternatives, in one run on one broker, printed as
-tables and written as JSON under bench/results/. `all` takes about 20 minutes on two cores."""
+tables and written as JSON under bench/results/. `all` takes about 25 minutes on two cores.
+
+A benchmark whose rows carry a `part` prints a table per part."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from bench.memory import run_memory
 from bench.native import run_native
 from bench.priority import run_priority
 from bench.publish import run_publish
+from bench.pull import run_pull
 from bench.shards import run_shards
 
 RESULTS = Path("bench/results")
@@ -33,7 +36,24 @@ BENCHMARKS: dict[str, Runner] = {
     "memory": lambda broker, args: run_memory(broker),
     "native": lambda broker, args: run_native(broker),
     "shards": lambda broker, args: run_shards(broker),
+    "pull": lambda broker, args: run_pull(broker, args.messages),
 }
+
+
+def tables(name: str, rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """One table, or one per `part` the rows name, in the order the parts first appear."""
+    parts = dict.fromkeys(row.get("part") for row in rows)
+    return [
+        (
+            name if part is None else f"{name}: {part}",
+            [
+                {k: v for k, v in row.items() if k != "part"}
+                for row in rows
+                if row.get("part") == part
+            ],
+        )
+        for part in parts
+    ]
 
 
 def table(title: str, rows: list[dict[str, Any]]) -> str:
@@ -62,7 +82,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("which", choices=[*BENCHMARKS, "all"], nargs="?", default="all")
     # Raw publishing is timed over this many messages: 20,000 take about 2 s, against the
-    # gateway's 5 s of wrk; 5,000 (0.5 s) let one broker stall swing a round's ratio.
+    # gateway's 5 s of wrk; 5,000 (0.5 s) let one broker stall swing a round's ratio. `pull`
+    # drains backlogs of this many.
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument(
         "--rabbitmq",
@@ -75,7 +96,8 @@ def main() -> None:
     with bench_broker(args.rabbitmq) as broker:
         for name in chosen:
             results[name] = BENCHMARKS[name](broker, args)
-            print(table(name, results[name]), end="\n\n", flush=True)
+            for title, rows in tables(name, results[name]):
+                print(table(title, rows), end="\n\n", flush=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     meta = {
         "date": stamp,

@@ -1,4 +1,4 @@
-"""A minimal HTTP/1.1 keep-alive client over asyncio streams, for paced latency runs.
+"""A minimal HTTP/1.1 keep-alive client over asyncio streams, for paced runs and receive loops.
 
 httpx and similar clients spend more CPU per request than the gateway does, so at a few
 hundred requests per second they measure their own queueing, not the gateway's latency.
@@ -28,25 +28,35 @@ class RawHttp:
             writer.close()
 
     async def post(self, path: str, body: bytes) -> int:
-        """POST `body` as JSON; returns the status code after reading the whole response.
+        """POST `body` as JSON; returns the status code after reading the whole response."""
+        status, _ = await self.request("POST", path, body)
+        return status
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        """Send `body` as JSON; the status code and the response body.
 
         A connection the server closed while idle (keep-alive timeout) is reopened once.
         """
         reader, writer = await self._idle.get()
         try:
-            return await self._exchange(reader, writer, path, body)
+            return await self._exchange(reader, writer, method, path, body)
         except (ConnectionError, IndexError, asyncio.IncompleteReadError):
             writer.close()
             reader, writer = await asyncio.open_connection(self.host, self.port)
-            return await self._exchange(reader, writer, path, body)
+            return await self._exchange(reader, writer, method, path, body)
         finally:
             self._idle.put_nowait((reader, writer))
 
     async def _exchange(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str, body: bytes
-    ) -> int:
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        method: str,
+        path: str,
+        body: bytes,
+    ) -> tuple[int, bytes]:
         writer.write(
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\n"
+            f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
             + body
         )
@@ -56,5 +66,4 @@ class RawHttp:
             name, _, value = line.partition(b":")
             if name.strip().lower() == b"content-length":
                 length = int(value)
-        await reader.readexactly(length)
-        return int(status_line.split()[1])
+        return int(status_line.split()[1]), await reader.readexactly(length)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -169,7 +170,7 @@ async def _clean_up(url: str, bands: list[str]) -> None:
             await (await channel.get_queue(name)).purge()
 
 
-def _top_up(broker: BenchBroker, contender: Contender) -> None:
+def top_up(broker: BenchBroker, contender: Contender) -> None:
     """Empty the contender's other queues, bring its backlog to BACKLOG."""
     (depth,) = asyncio.run(_depths(broker.amqp_url, (contender.backlog,), contender.empty))
     message = wire.encode(wire.Envelope(queue=QUEUE, payload=PAYLOAD, priority=COLD))
@@ -180,7 +181,18 @@ def _percentile(ordered: list[float], q: int) -> float:
     return statistics.quantiles(ordered, n=100)[q - 1]
 
 
-def _run(broker: BenchBroker, contender: Contender, load: Load, run: str) -> dict[str, Any]:
+def measure(
+    broker: BenchBroker,
+    contender: Contender,
+    load: Load,
+    run: str,
+    start: Callable[[WorkerConfig], WorkerProcess] = WorkerProcess,
+    gateway_pid: int | None = None,
+    seconds: float = SECONDS,
+) -> dict[str, Any]:
+    """One run, `seconds` measured: the consumer `start` makes from the contender's worker
+    config (by default that worker) under `load`; the gateway's CPU is shown where one takes
+    part."""
     worker_config = replace(contender.worker, handler_ms=load.handler_ms, run=run)
     hot_exchange, hot_key = contender.hot
     paced = PacedConfig(
@@ -190,13 +202,13 @@ def _run(broker: BenchBroker, contender: Contender, load: Load, run: str) -> dic
         priority=HOT,
         rate=load.hot_rate,
         warmup_seconds=WARMUP,
-        seconds=SECONDS,
+        seconds=seconds,
         run=run,
     )
-    with WorkerProcess(worker_config) as worker:
+    with start(worker_config) as worker:
         time.sleep(SETTLE)
         with PacedPublisher(paced) as publisher:
-            pids = (broker.pid, worker.pid, publisher.pid)
+            pids = (broker.pid, worker.pid, publisher.pid, gateway_pid)
             publisher.measuring()
             cpu0, t0 = [cpu_seconds(pid) for pid in pids], time.time()
             busy0 = machine_busy_seconds()
@@ -217,14 +229,17 @@ def _run(broker: BenchBroker, contender: Contender, load: Load, run: str) -> dic
     whole = range(int(t0) + 1, int(t1))  # the seconds wholly inside the measured window
     cold = sum(background.get(str(second), 0) for second in whole) / max(1, len(whole))
     window = t1 - t0
-    broker_cpu, worker_cpu, publisher_cpu = (
+    broker_cpu, worker_cpu, publisher_cpu, gateway_cpu = (
         (after - before) / window for before, after in zip(cpu0, cpu1, strict=True)
     )
+    gateway = {} if gateway_pid is None else {"gateway_cores": gateway_cpu}
     others = (busy1 - busy0) / window - broker_cpu - worker_cpu - publisher_cpu
+    others -= sum(gateway.values())
     return {
         "name": f"{load.name}: {contender.name}",
         "hot_msgs": len(sent),
         "unhandled": sum(1 for seq in sent if str(seq) not in handled),
+        "duplicates": record["duplicates"],
         "p50_ms": _percentile(waits_ms, 50),
         "p99_ms": _percentile(waits_ms, 99),
         "max_ms": waits_ms[-1],
@@ -232,6 +247,7 @@ def _run(broker: BenchBroker, contender: Contender, load: Load, run: str) -> dic
         f"vs_c{2 * CONCURRENCY}": float("nan"),
         "cold_msg_s": cold,
         "worker_cores": worker_cpu,
+        **gateway,
         "broker_cores": broker_cpu,
         "load_cores": publisher_cpu,
         "other_cores": others,
@@ -256,10 +272,12 @@ def run_priority(broker: BenchBroker) -> list[dict[str, Any]]:
                 for contender in contenders(broker.amqp_url, exchange, bands):
                     if round_ and contender.name in CONTRASTS:
                         continue
-                    _top_up(broker, contender)
+                    top_up(broker, contender)
                     wait_for_quiet()  # also lets the broker finish writing the backlog away
                     run = f"{load.name}-{contender.name}-{time.time():.0f}"
-                    runs.setdefault(contender.name, []).append(_run(broker, contender, load, run))
+                    runs.setdefault(contender.name, []).append(
+                        measure(broker, contender, load, run)
+                    )
             results = {name: median_run(done, "p99_ms") for name, done in runs.items()}
             for prefetch in (CONCURRENCY, 2 * CONCURRENCY):
                 classic = results[f"{CLASSIC_NAME}, prefetch {prefetch}"]["p99_ms"]

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import aio_pika
 import orjson
@@ -34,6 +34,9 @@ import orjson
 from bandgate.consumers.worker import run_on_event_loop
 from bench.child import ChildProcess
 from bench.environment import cpu_seconds, machine_busy_seconds
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 Kind = Literal["bandgate", "plain"]
 
@@ -52,6 +55,17 @@ class WorkerConfig:
     warmup: int = 1  # the drain is timed from this message on
     run: str = ""  # hot messages of other runs count as background
     broker_pid: int | None = None  # to read the broker's CPU time at the first and last message
+    gateway_pid: int | None = None  # and the gateway's, where one takes part
+
+
+class Terms(Protocol):
+    """What a `Recorder` needs of its process's config (`WorkerConfig`, `bench.pull_client`'s)."""
+
+    run: str
+    warmup: int
+    expect: int
+    broker_pid: int | None
+    gateway_pid: int | None
 
 
 class Recorder:
@@ -60,11 +74,13 @@ class Recorder:
     Hot messages (payloads with `seq`, published by `bench.paced_publisher`) get their wait,
     handler start minus publish time; everything else counts as background, per wall-clock
     second. The `warmup`-th and the last message mark the drain time and the CPU spent in between.
+    A hot message seen twice counts in `duplicates` (its first wait stays).
     """
 
-    def __init__(self, config: WorkerConfig) -> None:
+    def __init__(self, config: Terms) -> None:
         self.config = config
         self.handled = 0
+        self.duplicates = 0
         self.waits: dict[int, float] = {}
         self.background: Counter[int] = Counter()
         self.marks: dict[str, float] = {}
@@ -73,7 +89,11 @@ class Recorder:
     def record(self, payload: Any) -> None:
         now = time.time()
         if isinstance(payload, dict) and "seq" in payload and payload.get("run") == self.config.run:
-            self.waits[int(payload["seq"])] = now - float(payload["t"])
+            seq = int(payload["seq"])
+            if seq in self.waits:
+                self.duplicates += 1
+            else:
+                self.waits[seq] = now - float(payload["t"])
         else:
             self.background[int(now)] += 1
         self.handled += 1
@@ -88,10 +108,13 @@ class Recorder:
         self.marks[f"{name}_cpu"] = time.process_time()
         self.marks[f"{name}_broker_cpu"] = cpu_seconds(self.config.broker_pid)
         self.marks[f"{name}_machine_busy"] = machine_busy_seconds()
+        if self.config.gateway_pid is not None:
+            self.marks[f"{name}_gateway_cpu"] = cpu_seconds(self.config.gateway_pid)
 
     def result(self) -> dict[str, Any]:
         return {
             "handled": self.handled,
+            "duplicates": self.duplicates,
             "waits": {str(seq): wait for seq, wait in self.waits.items()},
             "background": {str(second): n for second, n in self.background.items()},
             **self.marks,
@@ -175,10 +198,14 @@ def main() -> None:
 
 
 class WorkerProcess(ChildProcess):
-    """Start a worker process and wait until it consumes; `wait()` or `stop()` for its record."""
+    """Start a worker process and wait until it consumes; `wait()` or `stop()` for its record.
 
-    def __init__(self, config: WorkerConfig, start_timeout: float = 60.0) -> None:
-        super().__init__("bench.worker_process", config)
+    A subclass names another `MODULE` that says `ready` and stops on SIGTERM the same way."""
+
+    MODULE: ClassVar[str] = "bench.worker_process"
+
+    def __init__(self, config: DataclassInstance, start_timeout: float = 60.0) -> None:
+        super().__init__(self.MODULE, config)
         try:
             self.expect_line("ready", start_timeout)
         except BaseException:
