@@ -158,25 +158,10 @@ class PullQueue:
         if self._pause_timer is not None:
             self._pause_timer.cancel()
             self._pause_timer = None
-        try:
-            await self._resume()
-            return await self._lease_up_to(count, wait, visibility, owner, allowance)
-        finally:
-            self._waiting -= 1
-            if not self._waiting:
-                self._idle()
-
-    async def _lease_up_to(
-        self,
-        count: int,
-        wait: float,
-        visibility: float,
-        owner: str,
-        allowance: Callable[[], int],
-    ) -> list[Lease]:
-        deadline = asyncio.get_running_loop().time() + wait
         leases: list[Lease] = []
         try:
+            await self._resume()
+            deadline = asyncio.get_running_loop().time() + wait
             return await self._fill(leases, count, deadline, visibility, owner, allowance)
         except asyncio.CancelledError:
             # Nobody will see these receipts: give the messages back now, uncounted.
@@ -185,6 +170,10 @@ class PullQueue:
                 if lease.task is not None:
                     lease.task.cancel()
             raise
+        finally:
+            self._waiting -= 1
+            if not self._waiting:
+                self._idle()
 
     async def _fill(
         self,
