@@ -32,6 +32,9 @@ from pamqp.commands import Basic
 
 from bandgate.consumers.incoming import Incoming
 
+REOPEN_TIMEOUT_SECONDS = 10.0
+"""How long `resume` waits for a robust channel that is reopening after a reconnection."""
+
 log = logging.getLogger(__name__)
 
 
@@ -161,6 +164,11 @@ class Subscription:
     async def resume(self) -> int:
         """Consume again after `pause`; the number of messages ready just before."""
         assert self.channel is not None, "never opened"
+        if isinstance(self.channel, AbstractRobustChannel):
+            # The connection is back a moment before its channels are: wait for this one
+            # rather than fail on it (`TimeoutError` if it does not come back).
+            async with asyncio.timeout(REOPEN_TIMEOUT_SECONDS):
+                await self.channel.ready()
         underlay = await self.channel.get_underlay_channel()
         declared = await underlay.queue_declare(self.queue, passive=True)
         self.releasing = False

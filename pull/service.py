@@ -137,11 +137,17 @@ class Receivers:
                 headers={"Retry-After": "1"},
             )
         try:
+            self._connection()  # a receiver made earlier would wait for the broker instead
             queue = await self._queue(spec)
             return await queue.receive(
                 count, wait, visibility, owner, lambda: allowed - self.book.held(owner)
             )
-        except (aiormq.exceptions.AMQPError, ConnectionError, ChannelInvalidStateError) as exc:
+        except (
+            aiormq.exceptions.AMQPError,
+            ConnectionError,
+            ChannelInvalidStateError,
+            TimeoutError,  # its channel did not reopen after a reconnection
+        ) as exc:
             # The broker went away while this receive subscribed or resumed; what it had
             # leased went back with the channel.
             raise ApiError(
