@@ -186,6 +186,20 @@ class Publisher:
         confirmation = _send(pipeline, exchange, queue, message.body, properties)
         await self._settle(confirmation, exchange, queue, deadline)
 
+    async def record(self, entry: bytes) -> None:
+        """Append an encoded entry to the tombstone ledger (`core.ledger`), confirmed."""
+        stream = naming.ledger_stream(self.topology.exchange)
+        deadline = self._deadline()
+        pipeline = await self._pipeline(deadline)
+        properties = aiormq.spec.Basic.Properties(
+            content_type=wire.CONTENT_TYPE,
+            delivery_mode=wire.PERSISTENT,
+            message_id=wire.new_message_id(),  # returns are matched by it
+            timestamp=wire.now(),
+        )
+        confirmation = _send(pipeline, "", stream, entry, properties)
+        await self._settle(confirmation, "", stream, deadline)
+
     def _prepare_all(
         self, envelopes: Sequence[Envelope]
     ) -> list[Published | PublishFailure | _Outgoing]:

@@ -113,6 +113,15 @@ class Telemetry:
             "bandgate_leased", "messages leased to HTTP receivers (bandgate.pull) now",
             ("queue",), registry=registry,
         )  # fmt: skip
+        self.ledger_following = Gauge(
+            "bandgate_ledger_following",
+            "1 while this process reads the tombstone ledger and has caught up with it once",
+            registry=registry,
+        )
+        self.ledger_entries = Gauge(
+            "bandgate_ledger_entries", "tombstones and handled ids this process holds in memory",
+            registry=registry,
+        )  # fmt: skip
         self.wait_time = Histogram(
             "bandgate_wait_seconds", "enqueue (or due time) until the handler starts", band,
             registry=registry, buckets=LATENCY_BUCKETS,

@@ -269,6 +269,25 @@ class DelaySettings(_Frozen):
     levels: int = Field(default=26, ge=1, le=MAX_DELAY_LEVELS)
 
 
+class LedgerSettings(_Frozen):
+    """Retention of the tombstone ledger (`core.ledger`): a cancel or replace applies to the
+    copies consumed within this window after it was written, and workers keep in memory what
+    the window holds. The broker drops whole segments, oldest first, once either limit is hit."""
+
+    max_age_seconds: int = Field(
+        default=7 * 24 * 3600, ge=60, description="how long a tombstone is kept (default 7 days)"
+    )
+    max_bytes: int = Field(
+        default=1 << 30, ge=1 << 20, description="the most the ledger stream keeps on disk"
+    )
+
+    @property
+    def segment_bytes(self) -> int:
+        """A stream is trimmed a segment at a time: ten segments per `max_bytes`, at most the
+        broker's default of 500 MB."""
+        return max(1 << 20, min(500_000_000, self.max_bytes // 10))
+
+
 class UnknownQueueError(KeyError):
     """A queue name that the topology does not define."""
 
@@ -285,6 +304,7 @@ class Topology(_Frozen):
 
     exchange: ExchangeName = "bandgate"
     delay: DelaySettings = Field(default_factory=DelaySettings)
+    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     queues: dict[str, QueueSpec] = Field(default_factory=dict)
 
     @model_validator(mode="before")

@@ -69,6 +69,12 @@ def replica_mailbox(exchange: str, replica: str) -> str:
     return _internal(f"{exchange}.replica.{replica}")
 
 
+def ledger_stream(exchange: str) -> str:
+    """The stream of tombstones (cancelled and superseded messages, handled ids) every worker
+    and HTTP receiver of the deployment follows (`core.ledger`)."""
+    return _internal(f"{exchange}.ledger")
+
+
 def dead_letter_queue(queue: str) -> str:
     return f"{queue}.dlq"
 

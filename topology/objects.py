@@ -24,6 +24,9 @@ QueueArguments = TypedDict(
         "x-dead-letter-routing-key": str,
         "x-dead-letter-strategy": str,
         "x-single-active-consumer": bool,
+        "x-max-age": str,
+        "x-max-length-bytes": int,
+        "x-stream-max-segment-size-bytes": int,
     },
     total=False,
 )
@@ -107,6 +110,17 @@ def _quorum() -> QueueArguments:
     return QueueArguments({"x-queue-type": "quorum"})
 
 
+def ledger_arguments(topology: Topology) -> QueueArguments:
+    """The ledger is a stream: replicated like the bands, read from any offset by every
+    worker, and trimmed by the broker itself (age and size, a segment at a time)."""
+    ledger = topology.ledger
+    args = QueueArguments({"x-queue-type": "stream"})
+    args["x-max-age"] = f"{ledger.max_age_seconds}s"
+    args["x-max-length-bytes"] = ledger.max_bytes
+    args["x-stream-max-segment-size-bytes"] = ledger.segment_bytes
+    return args
+
+
 def plan(topology: Topology) -> Plan:
     exchange = topology.exchange
     dead = naming.dead_letter_exchange(exchange)
@@ -118,7 +132,7 @@ def plan(topology: Topology) -> Plan:
         ExchangeDecl(dead, "direct"),
         ExchangeDecl(exit_exchange, "topic"),
     ]
-    queues: list[QueueDecl] = []
+    queues = [QueueDecl(naming.ledger_stream(exchange), ledger_arguments(topology))]
     bindings: list[BindingDecl] = []
 
     for level in range(ladder.levels):

@@ -22,7 +22,7 @@ from bandgate.topology.broker_report import Finding
 from bandgate.topology.model import Band, Topology
 from bandgate.topology.objects import QueueDecl, plan
 
-Role = Literal["band", "dlq", "delay", "workers"]
+Role = Literal["band", "dlq", "delay", "workers", "ledger"]
 
 # Quorum queues on 4.x dead-letter (or drop) a message returned this often unless told otherwise.
 DEFAULT_DELIVERY_LIMIT_4X = 20
@@ -84,7 +84,9 @@ def _number(value: object) -> int | float | None:
 
 def _queue_roles(topology: Topology) -> dict[str, tuple[Role, str, Band | None]]:
     """Every planned queue's role, logical queue (or '' for delay levels) and band."""
-    roles: dict[str, tuple[Role, str, Band | None]] = {}
+    roles: dict[str, tuple[Role, str, Band | None]] = {
+        naming.ledger_stream(topology.exchange): ("ledger", "", None)
+    }
     for level in range(topology.ladder.levels):
         roles[naming.delay_level(topology.exchange, level)] = ("delay", "", None)
     for spec in topology.queues.values():
@@ -108,8 +110,9 @@ def policy_findings(
     findings: list[Finding] = []
     for decl in plan(topology).queues:
         role, queue, band = roles[decl.name]
-        if role == "workers":
-            continue  # holds no messages; only its consumer count matters
+        if role in ("workers", "ledger"):
+            continue  # workers: holds no messages, only its consumer count matters; the
+            # ledger: a stream, trimmed by its own retention, not by these checks' keys
         queue_type = str(decl.arguments.get("x-queue-type", "classic"))
         source, definition = effective_policy(decl.name, queue_type, policies, operator_policies)
         where = f"policy {source!r}" if source else ""

@@ -33,6 +33,9 @@ ATTEMPT = "x-bandgate-attempt"  # 1 for the first delivery; retries count up
 # (RabbitMQ 4.x) would otherwise reorder as soon as a backlog forms.
 PRIORITY = "x-bandgate-priority"
 QUEUE = "x-bandgate-queue"
+# Which generation of its message id a message is: absent (0) for a first publish, the replace's
+# time in milliseconds since the epoch for a replacement (`core.ledger`). Copies keep it.
+GENERATION = "x-bandgate-generation"
 TRACE_HEADERS = ("traceparent", "tracestate")
 
 # Dead-letter headers: why, how often, from which band and when a message was given up on.

@@ -278,8 +278,9 @@ async def test_the_management_ui_lists_the_bands_before_bandgate_internal_queues
             names = [q["name"] for q in (body["items"] if isinstance(body, dict) else body)]
             internal = [n for n in names if n.startswith(naming.INTERNAL_PREFIX)]
             assert naming.workers_queue(topology.exchange, "zulu") in internal
-            assert len(internal) == 27
-            assert names[: len(names) - 27] == [
+            assert naming.ledger_stream(topology.exchange) in internal
+            assert len(internal) == 28  # 26 delay levels, the workers queue, the ledger
+            assert names[: len(names) - 28] == [
                 "orders.cold",
                 "orders.dlq",
                 "orders.hot",

@@ -46,7 +46,7 @@ def test_export_writes_a_file_for_a_vhost_with_the_dev_user(
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert result.stdout == ""
-    assert f"Wrote {output}: 29 exchanges, 33 queues, 94 bindings in vhost 'dev'" in result.stderr
+    assert f"Wrote {output}: 29 exchanges, 34 queues, 94 bindings in vhost 'dev'" in result.stderr
     document = json.loads(output.read_text(encoding="utf-8"))
     assert document["vhosts"] == [{"name": "dev"}]
     assert [user["name"] for user in document["users"]] == [export.DEV_USER]

@@ -165,11 +165,11 @@ def test_each_delay_level_holds_its_ttl_and_passes_on(topology: Topology, object
 
 def test_the_shipped_topology_plan_counts() -> None:
     objects = plan(load_topology(ROOT / "bandgate.toml"))
-    # main, dead, delay exit, 26 levels; 26 level queues + 5 bands + 2 DLQs;
+    # main, dead, delay exit, 26 levels; the ledger + 26 level queues + 5 bands + 2 DLQs;
     # 2 per level, 2 per priority per queue (main and delay exit), 1 per DLQ.
     assert (len(objects.exchanges), len(objects.queues), len(objects.bindings)) == (
         29,
-        33,
+        34,
         26 * 2 + 2 * 10 * 2 + 2,
     )
 
