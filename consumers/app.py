@@ -69,6 +69,7 @@ class ConsumerApp:
         max_attempts: int | None = None,
         max_deliveries: int | None = None,
         prefetch: Mapping[str, int] | None = None,
+        dedupe: bool = False,
     ) -> Callable[[HandlerT], HandlerT]:
         """Register the decorated function as the handler of `queue`; it is returned unchanged.
 
@@ -78,6 +79,9 @@ class ConsumerApp:
         - `max_attempts`, `max_deliveries`: override the queue's retry policy.
         - `prefetch`: per band name, overrides `consumers.dispatch.default_prefetch`; a sharded
           band's is split over its shards.
+        - `dedupe`: run a message id once within the ledger's retention window: a copy
+          published again with the same id (after a `confirm_timeout`, say) is skipped. Each
+          handled message is recorded in the ledger first, which costs a confirmed publish.
 
         On an ordered queue, a partition key's messages run one at a time in order and failures
         are retried in place (`consumers.ordering`); a strictly serial one runs one message at
@@ -92,6 +96,7 @@ class ConsumerApp:
             max_attempts=max_attempts,
             max_deliveries=max_deliveries,
             prefetch=prefetch,
+            dedupe=dedupe,
         )
 
         def register(handler: HandlerT) -> HandlerT:

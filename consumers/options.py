@@ -27,6 +27,7 @@ class ConsumerOptions:
     time_limit: float | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     prefetch_overrides: Mapping[str, int] = field(default_factory=dict)
+    dedupe: bool = False
 
     def prefetch(self, spec: QueueSpec, concurrency: int | None = None) -> tuple[int, ...]:
         """Prefetch per band (hottest first) at `concurrency` (default: the declared one); a
@@ -56,6 +57,7 @@ def check_options(
     max_attempts: Any,
     max_deliveries: Any,
     prefetch: Any,
+    dedupe: Any = False,
 ) -> tuple[QueueSpec, ConsumerOptions]:
     """The queue's spec and the validated options; `ConfigurationError` on any problem."""
     where = f"@consumer({queue!r})"
@@ -76,6 +78,8 @@ def check_options(
         )
     if time_limit is not None and (not _is_number(time_limit) or time_limit <= 0):
         raise ConfigurationError(f"{where}: time_limit must be seconds > 0, not {time_limit!r}")
+    if not isinstance(dedupe, bool):
+        raise ConfigurationError(f"{where}: dedupe must be True or False, not {dedupe!r}")
     return spec, ConsumerOptions(
         queue=queue,
         concurrency=concurrency,
@@ -83,6 +87,7 @@ def check_options(
         time_limit=None if time_limit is None else float(time_limit),
         retry=_retry_policy(where, spec.retry, max_attempts, max_deliveries),
         prefetch_overrides=_prefetch(where, spec, prefetch),
+        dedupe=dedupe,
     )
 
 

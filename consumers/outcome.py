@@ -12,6 +12,7 @@ from typing import Literal
 
 from bandgate.consumers.errors import MalformedMessage, Reject, Requeue, Retry
 from bandgate.consumers.message import Message
+from bandgate.core.ledger import Verdict
 from bandgate.topology.model import RetryPolicy
 
 # A reason longer than this is cut: it travels in an AMQP header and shows in the UI.
@@ -54,7 +55,19 @@ class GiveBack:
     reason: str
 
 
-Outcome = Ack | RetryLater | DeadLetter | GiveBack
+@dataclass(frozen=True)
+class Tombstoned:
+    """Not run: the ledger says this copy was cancelled, superseded by a replacement, or (for
+    a consumer that dedupes) already handled. Acked like a success (`consumers.tombstones`)."""
+
+    verdict: Verdict
+
+    @property
+    def reason(self) -> str:
+        return f"{self.verdict}, says the tombstone ledger"
+
+
+Outcome = Ack | RetryLater | DeadLetter | GiveBack | Tombstoned
 
 
 def describe(error: BaseException) -> str:
@@ -128,6 +141,7 @@ __all__ = [
     "GiveBack",
     "Outcome",
     "RetryLater",
+    "Tombstoned",
     "after_handler",
     "backoff_delay",
     "before_handler",

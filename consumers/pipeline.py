@@ -7,7 +7,8 @@ message's trace (`consumers.telemetry`), and the outcome is settled (`consumers.
 ordered queue a `RetryLater` runs again here, in place, after its back-off (`consumers.ordering`).
 A message whose copy was not confirmed, or whose handler the shutdown cancelled, goes back to
 its queue (`consumers.handback`). Its slot and partition key stay taken until it is settled,
-retries in place included.
+retries in place included. A copy the tombstone ledger says is cancelled, superseded or (when
+the consumer dedupes) already handled is acked without running (`consumers.tombstones`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,18 @@ from bandgate.consumers.errors import MalformedMessage, Reject, Retry
 from bandgate.consumers.handback import HandBack
 from bandgate.consumers.lifetime import Lifetime
 from bandgate.consumers.message import Message, read_message
-from bandgate.consumers.outcome import Ack, DeadLetter, GiveBack, Outcome, RetryLater, describe
+from bandgate.consumers.outcome import (
+    Ack,
+    DeadLetter,
+    GiveBack,
+    Outcome,
+    RetryLater,
+    Tombstoned,
+    describe,
+)
 from bandgate.consumers.settle import Settled, Settler
 from bandgate.consumers.telemetry import ConsumerTelemetry, outcome_name
+from bandgate.consumers.tombstones import Tombstones
 from bandgate.topology.model import Band
 
 log = logging.getLogger(__name__)
@@ -45,6 +55,7 @@ class Pipeline:
         lifetime: Lifetime,
         telemetry: ConsumerTelemetry,
         executor: Executor | None = None,
+        tombstones: Tombstones | None = None,
     ) -> None:
         self.consumer = consumer
         self.spec = consumer.spec
@@ -54,6 +65,8 @@ class Pipeline:
         self.lifetime = lifetime
         self.telemetry = telemetry
         self.executor = executor  # sync handlers' threads
+        self.tombstones = tombstones
+        self.dedupe = consumer.options.dedupe
 
     async def process(self, delivery: Delivery) -> Outcome | None:
         """Handle and settle a started delivery, then free its slot; the last outcome settled
@@ -89,6 +102,10 @@ class Pipeline:
             outcome = await self._settle(delivery, message, band, outcome)
             self.telemetry.finished(message, outcome, None)
             return outcome
+        if self.tombstones is not None:
+            verdict = self.tombstones.verdict(message, incoming.headers, dedupe=self.dedupe)
+            if verdict is not None:
+                return await self._skip(delivery, message, band, Tombstoned(verdict))
         first = True
         while True:
             outcome = await self._attempt(delivery, message, band, first=first)
@@ -125,6 +142,18 @@ class Pipeline:
         self.telemetry.finished(message, outcome, attempt.seconds)
         return outcome
 
+    async def _skip(
+        self, delivery: Delivery, message: Message, band: Band, outcome: Tombstoned
+    ) -> Outcome:
+        """Ack a copy the ledger says must not run, in a span of its own with an event."""
+        with self.telemetry.span(message, delivery.incoming.headers) as span:
+            span.add_event("bandgate.tombstoned", {"bandgate.verdict": outcome.verdict})
+            span.set_attribute("bandgate.outcome", outcome.verdict)
+            settled = await self._settle(delivery, message, band, outcome)
+        log.info("not running message %s of %s: %s", message.message_id, message.queue, outcome)
+        self.telemetry.finished(message, settled, None)
+        return settled
+
     async def _settle(
         self, delivery: Delivery, message: Message, band: Band, outcome: Outcome
     ) -> Outcome:
@@ -132,6 +161,8 @@ class Pipeline:
         if isinstance(outcome, GiveBack):
             await self.handback.give_back(delivery, counted=True)
             return outcome
+        if self.dedupe and self.tombstones is not None and isinstance(outcome, Ack):
+            await self.tombstones.ran(message, delivery.incoming.headers)
         settled = await self.settler.settle(delivery.incoming, message, band, outcome)
         if settled is Settled.UNCONFIRMED:
             await self.handback.give_back(delivery)

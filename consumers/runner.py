@@ -59,6 +59,7 @@ from bandgate.consumers.settle import Settler
 from bandgate.consumers.startup import log_started, subscribe
 from bandgate.consumers.subscription import Subscription
 from bandgate.consumers.telemetry import ConsumerTelemetry
+from bandgate.consumers.tombstones import Tombstones
 from bandgate.topology import naming
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class ConsumerRunner:
         telemetry: ConsumerTelemetry | None = None,
         resubscribe_interval: float = 1.0,
         merge_shards: bool = True,
+        tombstones: Tombstones | None = None,
     ) -> None:
         """`merge_shards=False` takes a sharded band's messages in arrival order, as before
         `consumers.merge`: for measuring the merge (bench/shards.py), not a setting."""
@@ -159,6 +161,7 @@ class ConsumerRunner:
             self.lifetime,
             telemetry or ConsumerTelemetry(),
             self._executor,
+            tombstones,
         )
         self._channel: AbstractChannel | None = None  # for probes and counting workers
         self._boost_task: asyncio.Task[None] | None = None

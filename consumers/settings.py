@@ -62,6 +62,17 @@ class WorkerSettings(BrokerSettings):
     declare_topology: bool = Field(
         default=True, description="apply the topology on start (idempotent)"
     )
+    follow_ledger: bool = Field(
+        default=True,
+        description="follow the tombstone ledger, so cancelled and replaced messages are "
+        "skipped (off: every copy runs, and `dedupe` cannot work)",
+    )
+    ledger_catchup_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="at start-up, how long to wait for the ledger to be read up to now; past "
+        "it the worker starts anyway and says it does not follow the ledger",
+    )
     event_loop: EventLoopName = Field(
         default="auto",
         description="the event loop: uvloop when installed (auto), as uvicorn does; it cuts "

@@ -20,7 +20,14 @@ from aio_pika.exceptions import ChannelInvalidStateError, MessageProcessError
 from bandgate.consumers.acks import AckWriter
 from bandgate.consumers.incoming import Delivered
 from bandgate.consumers.message import Message
-from bandgate.consumers.outcome import Ack, DeadLetter, GiveBack, Outcome, RetryLater
+from bandgate.consumers.outcome import (
+    Ack,
+    DeadLetter,
+    GiveBack,
+    Outcome,
+    RetryLater,
+    Tombstoned,
+)
 from bandgate.consumers.republish import dead_letter_message, retry_envelope
 from bandgate.consumers.telemetry import outcome_name
 from bandgate.core.publishing import Publisher, PublishFailure
@@ -64,7 +71,7 @@ class Settler:
     ) -> Settled:
         """Carry out `outcome`: publish its copy (confirmed), then ack."""
         assert not isinstance(outcome, GiveBack), "a GiveBack is handed back, not settled"
-        if not isinstance(outcome, Ack):
+        if not isinstance(outcome, Ack | Tombstoned):
             try:
                 await self._publish_copy(delivery, message, band, outcome)
             except PublishFailure as exc:

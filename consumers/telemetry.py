@@ -15,7 +15,7 @@ from typing import Any
 from opentelemetry import trace
 
 from bandgate.consumers.message import Message
-from bandgate.consumers.outcome import Ack, DeadLetter, GiveBack, Outcome, RetryLater
+from bandgate.consumers.outcome import Ack, DeadLetter, GiveBack, Outcome, RetryLater, Tombstoned
 from bandgate.core.telemetry import Telemetry, extract_context
 from bandgate.topology import wire
 
@@ -29,6 +29,8 @@ def outcome_name(outcome: Outcome) -> str:
         return "dead-letter"
     if isinstance(outcome, GiveBack):
         return "requeued"
+    if isinstance(outcome, Tombstoned):
+        return outcome.verdict
     return "ack"
 
 
@@ -91,4 +93,4 @@ class ConsumerTelemetry:
         elif isinstance(outcome, DeadLetter):
             telemetry.series(telemetry.dead_lettered, queue, band, outcome.cause).inc()
         else:
-            assert isinstance(outcome, Ack | GiveBack)
+            assert isinstance(outcome, Ack | GiveBack | Tombstoned)

@@ -26,7 +26,9 @@ from bandgate.consumers.runner import ConsumerRunner
 from bandgate.consumers.settings import EventLoopName, WorkerSettings
 from bandgate.consumers.settle import Settler
 from bandgate.consumers.telemetry import ConsumerTelemetry
+from bandgate.consumers.tombstones import Tombstones
 from bandgate.core.heap import settle_heap
+from bandgate.core.ledger_follower import LedgerFollower
 from bandgate.core.publishing import ChannelSet, Publisher, confirm_channel_factory
 from bandgate.core.telemetry import Telemetry
 from bandgate.topology.declare import apply_topology
@@ -79,6 +81,7 @@ class Worker:
         self.ready = asyncio.Event()
         self.stopped = asyncio.Event()
         self.runners: list[ConsumerRunner] = []
+        self.ledger: LedgerFollower | None = None  # once started, unless not followed
         self._metrics_server: WSGIServer | None = None
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -138,6 +141,7 @@ class Worker:
 
     async def _work(self, connection: AbstractRobustConnection, topology: Topology) -> None:
         channels = ChannelSet(confirm_channel_factory(connection))
+        follower: LedgerFollower | None = None
         try:
             # The same broker check as the gateway: log the in-band order that applies, and
             # refuse to start on a configuration that would lose or loop messages.
@@ -152,6 +156,12 @@ class Worker:
                 topology, channels, self.settings.confirm_timeout_seconds, self.telemetry
             )
             settler = Settler(publisher)
+            tombstones = None
+            if self.settings.follow_ledger:
+                follower = LedgerFollower(connection, topology, publisher, self.telemetry)
+                await follower.start(self.settings.ledger_catchup_seconds)
+                tombstones = Tombstones(follower)
+            self.ledger = follower
             observed = ConsumerTelemetry(self.telemetry)
             self.runners = [
                 ConsumerRunner(
@@ -165,6 +175,7 @@ class Worker:
                     boost_after=self.settings.cold_boost_seconds,
                     telemetry=observed,
                     resubscribe_interval=self.settings.reconnect_interval_seconds,
+                    tombstones=tombstones,
                 )
                 for consumer in self.app.consumers
             ]
@@ -192,6 +203,8 @@ class Worker:
                     loop.cancel()
                 await asyncio.gather(*loops, return_exceptions=True)
         finally:
+            if follower is not None:
+                await follower.close()
             await channels.close()
 
     def _serve_metrics(self) -> None:

@@ -47,6 +47,7 @@ from bandgate.consumers.outcome import Outcome
 from bandgate.consumers.runner import ConsumerRunner
 from bandgate.consumers.settle import Settler
 from bandgate.consumers.telemetry import ConsumerTelemetry
+from bandgate.consumers.tombstones import Tombstones
 from bandgate.core.telemetry import Telemetry
 from bandgate.pull.leases import Lapsed, Lease, LeaseBook, LeaseGone, Released, Verdict
 from bandgate.pull.settings import PullSettings
@@ -108,8 +109,10 @@ class PullQueue:
         settings: PullSettings,
         telemetry: Telemetry | None,
         count_returns: bool = True,
+        tombstones: Tombstones | None = None,
     ) -> None:
-        """`count_returns`: the broker counts every return as a delivery (before 4.3)."""
+        """`count_returns`: the broker counts every return as a delivery (before 4.3);
+        `tombstones`: the ledger, whose cancelled and superseded copies are never leased."""
         self.spec = spec
         self.count_returns = count_returns
         self.book = book
@@ -130,6 +133,7 @@ class PullQueue:
             settler,
             concurrency=leases,
             telemetry=self.settlements,
+            tombstones=tombstones,
         )
         self._waiting = 0
         self._paused = False

@@ -20,7 +20,9 @@ from aio_pika.exceptions import ChannelInvalidStateError
 
 from bandgate.consumers.outcome import Ack, DeadLetter, GiveBack, Outcome, RetryLater
 from bandgate.consumers.settle import Settler
+from bandgate.consumers.tombstones import Tombstones
 from bandgate.core.broker import BrokerLink
+from bandgate.core.ledger_follower import LedgerFollower
 from bandgate.core.telemetry import Telemetry
 from bandgate.gateway.errors import ApiError
 from bandgate.pull.leases import Acked, Lease, LeaseBook, LeaseGone, Released, Verdict
@@ -79,6 +81,7 @@ class Receivers:
         self._settler = Settler(link.publisher)
         self._queues: dict[str, PullQueue] = {}
         self._mailbox: Mailbox | None = None
+        self.ledger: LedgerFollower | None = None  # from the first receive on
         self._opening = asyncio.Lock()
 
     def _connection(self) -> AbstractConnection:
@@ -104,8 +107,22 @@ class Receivers:
                     self._mailbox = mailbox
         return self._mailbox
 
+    async def _ready_ledger(self) -> LedgerFollower:
+        """Follow the tombstone ledger from the first receive on; one that cannot be read
+        is logged, shown by /readyz and the metrics, and skips nothing."""
+        if self.ledger is None:
+            async with self._opening:
+                if self.ledger is None:
+                    follower = LedgerFollower(
+                        self._connection(), self.link.topology, self.link.publisher, self.telemetry
+                    )
+                    await follower.start(self.settings.ledger_catchup_seconds)
+                    self.ledger = follower
+        return self.ledger
+
     async def _queue(self, spec: QueueSpec) -> PullQueue:
         await self._ready_mailbox()  # receipts must be answerable before one is issued
+        ledger = await self._ready_ledger()
         queue = self._queues.get(spec.name)
         if queue is None:
             async with self._opening:
@@ -119,6 +136,7 @@ class Receivers:
                         self.settings,
                         self.telemetry,
                         count_returns=counts_every_return(self.link.version),
+                        tombstones=Tombstones(ledger),
                     )
                     await queue.open()
                     self._queues[spec.name] = queue
@@ -242,6 +260,8 @@ class Receivers:
             await queue.close()
         if self._mailbox is not None:
             await self._mailbox.close()
+        if self.ledger is not None:
+            await self.ledger.close()
 
 
 def iso(moment: datetime) -> str:

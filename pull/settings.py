@@ -39,6 +39,12 @@ class PullSettings(BaseSettings):
         ge=0,
         description="how long a process keeps consuming after its last waiting receive",
     )
+    ledger_catchup_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="at the first receive, how long to wait for the tombstone ledger to be "
+        "read up to now; past it receivers serve anyway, and /readyz says they do not follow it",
+    )
     forward_timeout_seconds: float = Field(
         default=5.0, gt=0, description="for the process holding a lease to answer a forward"
     )
