@@ -3,6 +3,7 @@ handlers check on top of the models added, and the bodies that have no model yet
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from pydantic import BaseModel
@@ -62,6 +63,7 @@ def component_schemas(
     }
     for model in requests:
         _bound_integers(schemas[model.__name__])
+    schemas["EscalateRequest"] = _escalate_request(schemas["PublishRequest"])
     return schemas | _UNMODELLED
 
 
@@ -106,12 +108,42 @@ _UNMODELLED: dict[str, dict[str, Any]] = {
         error={"type": ["string", "null"]},
     ),
     "Purged": json_object("queue", "purged", queue=_STRING, purged=_COUNT),
+    "Cancelled": json_object(
+        *("message_id", "queue", "cancelled_before", "note"),
+        message_id=_STRING,
+        queue=_STRING,
+        cancelled_before={
+            "type": "integer",
+            "description": "the cancel's generation (milliseconds since the epoch): copies "
+            "of the id older than it are skipped",
+        },
+        note=_STRING,
+    ),
+    # A replace's or an escalate's answer: the publish's, and the generation it published.
+    "Replaced": {
+        "allOf": [
+            ref("PublishedMessage"),
+            json_object(
+                "generation",
+                generation={
+                    "type": "integer",
+                    "description": "the new copy's generation (milliseconds since the epoch); "
+                    "older copies of the id are skipped",
+                },
+            ),
+        ]
+    },
     "Health": json_object("status", status={"const": "ok"}),
     "Ready": json_object(
         "status",
         "broker_version",
         status={"const": "ready"},
         broker_version={"type": ["string", "null"]},
+        ledger={
+            "type": ["string", "null"],
+            "description": "with HTTP receivers: `following` while they read the tombstone "
+            "ledger, else why they cannot",
+        },
     ),
 }
 
@@ -155,6 +187,34 @@ def _refine_publish(schema: dict[str, Any], max_delay_seconds: float | None) -> 
         {"properties": {"delay_seconds": {"type": "null"}}},
         {"properties": {"deliver_at": {"type": "null"}}},
     ]
+
+
+def _escalate_request(publish: dict[str, Any]) -> dict[str, Any]:
+    """The escalate body: the publish body (finished, limits included) with `band` as the
+    other way to give the priority, and exactly one of the two."""
+    schema = copy.deepcopy(publish)
+    schema["title"] = "EscalateRequest"
+    schema["description"] = (
+        "The message sent again (its payload is required: bandgate cannot read it out of its "
+        "band), with `priority` or `band`, exactly one."
+    )
+    schema["properties"]["band"] = {
+        "anyOf": [{"type": "string"}, {"type": "null"}],
+        "default": None,
+        "description": "a band of the queue (GET /v1/queues lists them): its highest priority",
+    }
+    given = {"not": {"type": "null"}}
+    absent = {"type": "null"}
+    schema["allOf"] = [
+        {"anyOf": schema.pop("anyOf")},  # the publish body's own rule: a delay or deliver_at
+        {
+            "oneOf": [
+                {"required": ["priority"], "properties": {"priority": given, "band": absent}},
+                {"required": ["band"], "properties": {"band": given, "priority": absent}},
+            ]
+        },
+    ]
+    return schema
 
 
 def _value(prop: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from bandgate.gateway.auth import Authenticator, AuthMiddleware
 from bandgate.gateway.console import console_routes
 from bandgate.gateway.dlq_routes import dlq_routes, finish_dead_letter_work
 from bandgate.gateway.errors import ApiError, api_error_handler, http_error_handler
+from bandgate.gateway.message_routes import message_routes
 from bandgate.gateway.middleware import BodyLimitMiddleware, ErrorBoundary
 from bandgate.gateway.routes import routes
 from bandgate.gateway.settings import GatewaySettings
@@ -42,6 +43,10 @@ class Extension(Protocol):
 
     def document(self, openapi: dict[str, Any]) -> None:
         """Add its paths and schemas to the app's OpenAPI document."""
+        ...
+
+    def readiness(self) -> dict[str, Any]:
+        """What `/readyz` reports about it, beside the broker (it does not make it 503)."""
         ...
 
     async def close(self) -> None: ...
@@ -109,6 +114,7 @@ def create_app(
     return Starlette(
         routes=[
             *routes(),
+            *message_routes(),
             *dlq_routes(),
             *console_routes(),
             *(route for extension in extensions for route in extension.routes()),

@@ -15,9 +15,10 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from bandgate.core.dead_letters import MAX_LIST, MAX_REASON
-from bandgate.gateway._openapi_schemas import component_schemas, ref
+from bandgate.gateway._openapi_schemas import PRINTABLE, component_schemas, ref
 from bandgate.gateway.settings import GatewaySettings
 from bandgate.topology import naming
+from bandgate.topology.publish_input import MAX_ID_BYTES, MAX_ID_LENGTH
 
 if TYPE_CHECKING:
     from bandgate.topology.model import Topology
@@ -86,6 +87,30 @@ _QUEUE = {
     "description": "a logical queue of the topology, e.g. orders",
     "schema": {"type": "string", "pattern": naming.NAME_PATTERN.pattern},
 }
+_MESSAGE_ID = {
+    "name": "message_id",
+    "in": "path",
+    "required": True,
+    "description": f"the id the message was published with: printable, at most {MAX_ID_LENGTH} "
+    f"characters and {MAX_ID_BYTES} bytes in UTF-8, without '/' (a path cannot carry it)",
+    "schema": {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_ID_LENGTH,
+        "pattern": PRINTABLE.replace("]", "/]", 1),  # printable, and no '/'
+    },
+}
+# What the operations on one message by id answer besides the errors every operation has.
+_TOMBSTONE_NOT_WRITTEN = (
+    "; or tombstone_not_written: the new generation was published but the tombstone was not, "
+    "so older copies may still run; repeating the request is safe"
+)
+_GENERATION = (
+    "Publishes the body as a new generation of the id (the path's id is used; a `message_id` "
+    "in the body must equal it), confirmed, then writes a tombstone to the ledger that makes "
+    "consumers skip every older copy they have not started. The copies already enqueued stay "
+    "in their bands until a consumer reaches and skips them."
+)
 _DLQ_QUERY = [
     {
         "name": "limit",
@@ -123,16 +148,19 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
         query: tuple[dict[str, Any], ...] = (),
         body: str | None = None,
         body_required: bool = True,
+        about: str = "",
+        notes: dict[int, str] | None = None,
     ) -> dict[str, Any]:
         """A /v1/ operation on one queue (`scope` names the scope it needs), or on all of
-        them (`scope` None: any valid token)."""
+        them (`scope` None: any valid token). `query` holds its parameters besides the queue;
+        `notes` adds to the description of an error status what this operation means by it."""
         needs = "any valid token" if scope is None else f"scope {scope}"
         if scope is not None and scope != "admin":
             needs += " (or the same action on *, or admin)"
         operation: dict[str, Any] = {
             "operationId": name,
             "summary": summary,
-            "description": f"Needs {needs}.",
+            "description": f"{about} Needs {needs}.".lstrip(),
             "security": [{"bearer": []}],
         }
         if scope is not None:
@@ -140,7 +168,7 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
         if body is not None:
             operation["requestBody"] = {"required": body_required, **_content(ref(body))}
         statuses = (*errors, *_V1, *_ANY, *(_BODY if body is not None else ()))
-        operation["responses"] = ok | _errors(statuses, limits)
+        operation["responses"] = ok | _errors(statuses, limits, notes or {})
         return operation
 
     def public(
@@ -150,7 +178,7 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
             "operationId": name,
             "summary": summary,
             "security": [],
-            "responses": ok | _errors((*errors, *_ANY), limits),
+            "responses": ok | _errors((*errors, *_ANY), limits, {}),
         }
 
     dlq = (403, 404, 409, 422, 503)
@@ -171,6 +199,50 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
                 "publish:{queue}",
                 _ok("BatchResponse", "each message in `successful` or, with its error, `failed`"),
                 body="BatchRequest",
+            )
+        },
+        "/v1/queues/{queue}/messages/{message_id}": {
+            "delete": secured(
+                "cancel_message",
+                "Cancel a pending message by id; 202 once the tombstone is in the ledger",
+                "publish:{queue}",
+                _ok("Cancelled", "the cancel is in the ledger", 202),
+                errors=(403, 404, 422, 503),
+                query=(_MESSAGE_ID,),
+                about="Writes a tombstone that makes consumers skip every copy of the id "
+                "published before it that they have not started; a later replace runs. The "
+                "ledger cannot tell an id never published, or already handled, from a pending "
+                "one: the answer is the same.",
+            ),
+            "put": secured(
+                "replace_message",
+                "Replace a pending message by id; 201 once the new generation is confirmed "
+                "and the older copies tombstoned",
+                "publish:{queue}",
+                _ok("Replaced", "published and the older copies tombstoned", 201),
+                query=(_MESSAGE_ID,),
+                body="PublishRequest",
+                about=_GENERATION,
+                notes={503: _TOMBSTONE_NOT_WRITTEN},
+            ),
+        },
+        "/v1/queues/{queue}/messages/{message_id}/escalate": {
+            "post": secured(
+                "escalate_message",
+                "Send a pending message again at a hotter priority or band; the older copies "
+                "are tombstoned",
+                "publish:{queue}",
+                _ok("Replaced", "published and the older copies tombstoned", 201),
+                query=(_MESSAGE_ID,),
+                body="EscalateRequest",
+                about="A replace at a hotter priority: bandgate cannot take a message out of "
+                "the middle of its band without draining it, so the body carries the message "
+                f"again, with `priority` or `band` (exactly one). {_GENERATION}",
+                notes={
+                    422: "; message_required: the body has no payload (the message must be "
+                    "sent again)",
+                    503: _TOMBSTONE_NOT_WRITTEN,
+                },
             )
         },
         "/v1/queues": {
@@ -276,10 +348,11 @@ def _ok(schema: str, description: str = "OK", status: int = 200) -> dict[str, An
     return {str(status): {"description": description, **_content(ref(schema))}}
 
 
-def _errors(statuses: tuple[int, ...], limits: ApiLimits) -> dict[str, Any]:
+def _errors(statuses: tuple[int, ...], limits: ApiLimits, notes: dict[int, str]) -> dict[str, Any]:
     return {
         str(status): {
-            "description": ERRORS[status].format(max_body_bytes=limits.max_body_bytes),
+            "description": ERRORS[status].format(max_body_bytes=limits.max_body_bytes)
+            + notes.get(status, ""),
             **({"headers": _ERROR_HEADERS[status]} if status in _ERROR_HEADERS else {}),
             **_content(ref("ErrorResponse")),
         }

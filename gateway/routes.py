@@ -37,7 +37,7 @@ def json_response(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
-def _link(request: Request) -> BrokerLink:
+def link_of(request: Request) -> BrokerLink:
     link: BrokerLink = request.app.state.link
     return link
 
@@ -99,7 +99,7 @@ def failure_error(failure: PublishFailure, prefix: str = "") -> ApiError:
     return ApiError(503, failure.code, str(failure))
 
 
-def _ensure_connected(link: BrokerLink) -> None:
+def ensure_connected(link: BrokerLink) -> None:
     if not link.connected:
         raise ApiError(503, "broker_unavailable", link.problem or "not connected to the broker")
     if link.blocked:
@@ -111,8 +111,8 @@ async def publish(request: Request) -> Response:
     spec = queue_spec(request)
     data = await json_body(request)
     envelope = parse_publish(data, spec, topology_of(request))
-    link = _link(request)
-    _ensure_connected(link)
+    link = link_of(request)
+    ensure_connected(link)
     try:
         result = await link.publisher.publish(envelope)
     except PublishFailure as failure:
@@ -146,9 +146,9 @@ async def publish_batch(request: Request) -> Response:
             envelopes.append((index, parse_publish(item, spec, topology, f"messages.{index}")))
         except ApiError as error:
             failed.append({"index": index, "error": error.body()})
-    link = _link(request)
+    link = link_of(request)
     if envelopes:
-        _ensure_connected(link)
+        ensure_connected(link)
     results = await link.publisher.publish_many([envelope for _, envelope in envelopes])
     successful: list[dict[str, Any]] = []
     for (index, _), result in zip(envelopes, results, strict=True):
@@ -187,7 +187,7 @@ async def queue_stats(link: BrokerLink, topology: Topology, spec: QueueSpec) -> 
 async def stats(request: Request) -> Response:
     authorize(request, "read", request.path_params["queue"])
     spec = queue_spec(request)
-    return json_response(await queue_stats(_link(request), topology_of(request), spec))
+    return json_response(await queue_stats(link_of(request), topology_of(request), spec))
 
 
 async def healthz(request: Request) -> Response:
@@ -195,11 +195,14 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    link = _link(request)
+    link = link_of(request)
     problem = await link.check_ready()
     if problem is not None:
         raise ApiError(503, "not_ready", problem)
-    return json_response({"status": "ready", "broker_version": link.version})
+    body: dict[str, Any] = {"status": "ready", "broker_version": link.version}
+    for extension in request.app.state.extensions:
+        body.update(extension.readiness())
+    return json_response(body)
 
 
 async def metrics(request: Request) -> Response:

@@ -10,6 +10,7 @@ import typer
 import uvicorn
 
 from bandgate.consumers.cli import worker
+from bandgate.ops.message_cli import register as register_messages
 from bandgate.ops.ops_cli import register as register_ops
 from bandgate.ops.receive_cli import register as register_receive
 from bandgate.ops.topology_cli import app as topology_app
@@ -22,6 +23,7 @@ root = typer.Typer(
 root.add_typer(topology_app, name="topology")
 register_ops(root)
 register_receive(root)
+register_messages(root)
 root.command("worker")(worker)
 
 

@@ -59,17 +59,17 @@ TokenOption = Annotated[
 
 
 @contextmanager
-def _client(gateway: str, token: str | None) -> Iterator[httpx.Client]:
+def gateway_client(gateway: str, token: str | None) -> Iterator[httpx.Client]:
     headers = {"authorization": f"Bearer {token}"} if token else {}
     with httpx.Client(base_url=gateway, headers=headers, timeout=REQUEST_TIMEOUT) as client:
         yield client
 
 
-def _path(queue: str, tail: str) -> str:
+def queue_path(queue: str, tail: str) -> str:
     return f"/v1/queues/{quote(queue, safe='')}/{tail}"
 
 
-def _call(
+def call_gateway(
     client: httpx.Client, method: str, path: str, body: Any = None, timeout: float = REQUEST_TIMEOUT
 ) -> Any:
     """The answer's JSON (None for 204), or a `GatewayError`."""
@@ -93,12 +93,12 @@ def _call(
     raise GatewayError(f"http_{response.status_code}", response.text[:200], exit_code)
 
 
-def _fail(error: GatewayError) -> NoReturn:
+def fail(error: GatewayError) -> NoReturn:
     typer.echo(f"error: {error}", err=True)
     raise typer.Exit(error.exit_code)
 
 
-def _print(data: Any) -> None:
+def print_json(data: Any) -> None:
     typer.echo(orjson.dumps(data).decode())  # click flushes: a pipe sees each line at once
 
 
@@ -142,29 +142,29 @@ def receive(
         body["visibility_timeout"] = visibility
     printed = 0
     try:
-        with _client(gateway, token) as client:
+        with gateway_client(gateway, token) as client:
             while True:
                 wanted = max_messages if count is None else min(max_messages, count - printed)
-                answer = _call(
+                answer = call_gateway(
                     client,
                     "POST",
-                    _path(queue, "receive"),
+                    queue_path(queue, "receive"),
                     {**body, "max_messages": wanted},
                     timeout=wait + REQUEST_TIMEOUT,
                 )
                 messages: list[dict[str, Any]] = answer["messages"]
                 for message in messages:
-                    _print(message)
+                    print_json(message)
                     if ack:
                         receipt = quote(message["receipt"], safe="")
-                        _call(client, "DELETE", _path(queue, f"receipts/{receipt}"))
+                        call_gateway(client, "DELETE", queue_path(queue, f"receipts/{receipt}"))
                 printed += len(messages)
                 if not forever and (count is None or printed >= count):
                     return
                 if not messages and wait < EMPTY_PAUSE:
                     time.sleep(EMPTY_PAUSE - wait)
     except GatewayError as error:
-        _fail(error)
+        fail(error)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
@@ -181,10 +181,12 @@ def ack(
     failure may pass on a retry (5xx, connection), else 2 when any receipt was refused.
     """
     failures: list[int] = []
-    with _client(gateway, token) as client:
+    with gateway_client(gateway, token) as client:
         for receipt in receipts:
             try:
-                _call(client, "DELETE", _path(queue, f"receipts/{quote(receipt, safe='')}"))
+                call_gateway(
+                    client, "DELETE", queue_path(queue, f"receipts/{quote(receipt, safe='')}")
+                )
             except GatewayError as error:
                 typer.echo(f"error: {receipt}: {error}", err=True)
                 failures.append(error.exit_code)
@@ -217,11 +219,11 @@ def release(
         body["delay_seconds"] = delay
     if reason is not None:
         body["reason"] = reason
-    with _client(gateway, token) as client:
+    with gateway_client(gateway, token) as client:
         try:
-            _print(_call(client, "POST", _path(queue, "receipts/release"), body))
+            print_json(call_gateway(client, "POST", queue_path(queue, "receipts/release"), body))
         except GatewayError as error:
-            _fail(error)
+            fail(error)
 
 
 def extend(
@@ -238,11 +240,11 @@ def extend(
 ) -> None:
     """Keep a message of QUEUE leased for longer. Prints the new `visible_until` as JSON."""
     body = {"receipt": receipt, "visibility_timeout": visibility}
-    with _client(gateway, token) as client:
+    with gateway_client(gateway, token) as client:
         try:
-            _print(_call(client, "POST", _path(queue, "receipts/extend"), body))
+            print_json(call_gateway(client, "POST", queue_path(queue, "receipts/extend"), body))
         except GatewayError as error:
-            _fail(error)
+            fail(error)
 
 
 def register(root: typer.Typer) -> None:
@@ -251,4 +253,16 @@ def register(root: typer.Typer) -> None:
         root.command()(command)
 
 
-__all__ = ["GatewayError", "ack", "extend", "receive", "register", "release"]
+__all__ = [
+    "GatewayError",
+    "ack",
+    "call_gateway",
+    "extend",
+    "fail",
+    "gateway_client",
+    "print_json",
+    "queue_path",
+    "receive",
+    "register",
+    "release",
+]

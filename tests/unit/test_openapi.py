@@ -28,7 +28,7 @@ SETTINGS = GatewaySettings(
 )
 LIMITS = ApiLimits.of(SETTINGS, TOPOLOGY)  # a delay of at most 204.75 s
 DOCUMENT = openapi_document(LIMITS)
-METHODS = {"get", "post", "delete"}
+METHODS = {"get", "post", "put", "delete"}
 
 
 def operations() -> list[tuple[str, str, dict[str, Any]]]:

@@ -42,7 +42,7 @@ PULL = PullSettings(max_leases_per_token=77, default_visibility_seconds=45)
 GATEWAY_DOCUMENT = openapi_document(ApiLimits.of(SETTINGS, TOPOLOGY))  # delays up to 204.75 s
 DOCUMENT = copy.deepcopy(GATEWAY_DOCUMENT)
 PullExtension(PULL).document(DOCUMENT)
-METHODS = {"get", "post", "delete"}
+METHODS = {"get", "post", "put", "delete"}
 ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 RECEIVERS = {
     ("/v1/queues/{queue}/receive", "post"),

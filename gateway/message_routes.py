@@ -1,0 +1,163 @@
+"""Cancel, replace and escalate a pending message by its id, over the tombstone ledger.
+
+A message inside a band cannot be changed or taken out without draining the band, so these
+routes never touch the copies already enqueued: they publish a new generation and write a
+tombstone (`core.ledger`), and consumers skip the copies the tombstone kills. The order is the
+ledger's rule: a replacement is confirmed before its tombstone is written, so a failure in
+between leaves a duplicate (and an answer that says so), never a lost message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from bandgate.core import ledger
+from bandgate.core.publishing import PublishFailure
+from bandgate.gateway.auth import authorize
+from bandgate.gateway.errors import ApiError
+from bandgate.gateway.routes import (
+    ensure_connected,
+    failure_error,
+    json_body,
+    json_response,
+    link_of,
+    published_body,
+    queue_spec,
+    topology_of,
+)
+from bandgate.gateway.schemas import parse_publish
+from bandgate.topology import wire
+from bandgate.topology.model import QueueSpec
+
+CANCEL_NOTE = (
+    "applies to every copy of this id published before the cancel that a consumer has not "
+    "started; the ledger cannot tell an id never published or already handled from a "
+    "pending one"
+)
+MESSAGE_REQUIRED = (
+    "escalate publishes the message again at the hotter priority: bandgate cannot take a "
+    "message out of the middle of its band without draining the band, so send its payload "
+    "(and headers) again"
+)
+
+
+def _message_id(request: Request, spec: QueueSpec) -> str:
+    """The path's message id, checked by the rule the publish body's `message_id` follows
+    (asked through `parse_publish` itself, so the two can never disagree)."""
+    message_id: str = request.path_params["message_id"]
+    parse_publish({"payload": None, "message_id": message_id}, spec, topology_of(request))
+    return message_id
+
+
+def _target(request: Request) -> tuple[QueueSpec, str]:
+    """Authorized, a known queue and a valid id, in the order the publish route checks."""
+    authorize(request, "publish", request.path_params["queue"])
+    spec = queue_spec(request)
+    return spec, _message_id(request, spec)
+
+
+async def cancel(request: Request) -> Response:
+    spec, message_id = _target(request)
+    link = link_of(request)
+    ensure_connected(link)
+    entry = ledger.cancel(spec.name, message_id)
+    try:
+        await link.publisher.record(entry.encode())
+    except PublishFailure as failure:
+        raise failure_error(failure) from None
+    body = {
+        "message_id": message_id,
+        "queue": spec.name,
+        "cancelled_before": entry.generation,
+        "note": CANCEL_NOTE,
+    }
+    return json_response(body, 202)
+
+
+async def replace(request: Request) -> Response:
+    spec, message_id = _target(request)
+    data = await json_body(request)
+    return await _publish_generation(request, spec, message_id, data)
+
+
+async def escalate(request: Request) -> Response:
+    """A replace at a hotter priority: the client sends the message again."""
+    spec, message_id = _target(request)
+    data = await json_body(request)
+    if isinstance(data, dict):
+        if "payload" not in data:
+            raise ApiError(422, "message_required", MESSAGE_REQUIRED, "payload")
+        data = _hotter(data, spec)
+    return await _publish_generation(request, spec, message_id, data)
+
+
+def _hotter(data: dict[str, Any], spec: QueueSpec) -> dict[str, Any]:
+    """The publish body for an escalate body: `band` becomes its band's highest priority."""
+    body = dict(data)
+    band_name = body.pop("band", None)
+    priority = body.get("priority")
+    if priority is None and band_name is None:
+        raise ApiError(422, "missing_field", "give priority or band", "priority")
+    if priority is not None and band_name is not None:
+        raise ApiError(422, "conflicting_fields", "give priority or band, not both", "band")
+    if band_name is not None:
+        names = ", ".join(band.name for band in spec.bands)
+        if not isinstance(band_name, str):
+            raise ApiError(422, "invalid_field", f"band must be one of {names}", "band")
+        try:
+            body["priority"] = spec.band(band_name).high
+        except KeyError:
+            raise ApiError(
+                422, "invalid_field", f"queue {spec.name!r} has no band {band_name[:64]!r}; "
+                f"its bands: {names}", "band",
+            ) from None  # fmt: skip
+    return body
+
+
+async def _publish_generation(
+    request: Request, spec: QueueSpec, message_id: str, data: Any
+) -> Response:
+    """Publish the body as a new generation of `message_id`, confirmed, then write the
+    tombstone that kills the older copies (replace and escalate alike)."""
+    if isinstance(data, dict) and data.get("message_id") not in (None, message_id):
+        raise ApiError(
+            422, "invalid_field", "message_id in the body differs from the path's", "message_id"
+        )
+    body = data if not isinstance(data, dict) else {**data, "message_id": message_id}
+    envelope = parse_publish(body, spec, topology_of(request))
+    generation = ledger.new_generation()
+    envelope = dataclasses.replace(envelope, extra_headers={wire.GENERATION: generation})
+    link = link_of(request)
+    ensure_connected(link)
+    try:
+        result = await link.publisher.publish(envelope)
+    except PublishFailure as failure:
+        raise failure_error(failure) from None
+    try:
+        await link.publisher.record(ledger.replace(spec.name, message_id, generation).encode())
+    except PublishFailure as failure:
+        raise ApiError(
+            503,
+            "tombstone_not_written",
+            f"generation {generation} of message {message_id!r} was published, but the "
+            f"tombstone for the older copies was not written ({failure}): they may still run. "
+            f"Repeating the {request.method} is safe",
+        ) from None
+    return json_response(published_body(result) | {"generation": generation}, 201)
+
+
+def message_routes() -> list[BaseRoute]:
+    one = "/v1/queues/{queue}/messages/{message_id}"
+    return [
+        Route(one, cancel, methods=["DELETE"]),
+        Route(one, replace, methods=["PUT"]),
+        Route(f"{one}/escalate", escalate, methods=["POST"]),
+    ]
+
+
+__all__ = ["CANCEL_NOTE", "MESSAGE_REQUIRED", "cancel", "escalate", "message_routes", "replace"]
