@@ -68,6 +68,17 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+_last_generation = 0
+
+
+def new_generation() -> int:
+    """A replacement's generation: the time in milliseconds, but never one this process gave
+    out before, so two replaces of an id in one millisecond still supersede each other."""
+    global _last_generation
+    _last_generation = max(now_ms(), _last_generation + 1)
+    return _last_generation
+
+
 def cancel(queue: str, message_id: str, at_ms: int | None = None) -> Entry:
     at = now_ms() if at_ms is None else at_ms
     return Entry("cancel", queue, message_id, at, at)
@@ -175,6 +186,7 @@ __all__ = [
     "generation_of",
     "handled",
     "mark",
+    "new_generation",
     "now_ms",
     "replace",
 ]

@@ -37,6 +37,14 @@ class PullExtension:
     def document(self, openapi: dict[str, Any]) -> None:
         document(openapi, self.settings)
 
+    def readiness(self) -> dict[str, Any]:
+        """Whether the receivers follow the tombstone ledger (they start at the first
+        receive): one that cannot read it leases cancelled copies, and must say so."""
+        ledger = self.receivers.ledger if self.receivers is not None else None
+        if ledger is None:
+            return {"ledger": "not read yet (from the first receive on)"}
+        return {"ledger": "following" if ledger.following else ledger.problem}
+
     async def close(self) -> None:
         if self.receivers is not None:
             await self.receivers.close()

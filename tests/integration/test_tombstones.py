@@ -75,7 +75,7 @@ class Rig:
 
     async def replace(self, message_id: str, priority: int, delay: float | None = None) -> int:
         """What `PUT .../messages/{id}` does: the new generation, confirmed, then its tombstone."""
-        generation = ledger.now_ms()
+        generation = ledger.new_generation()
         await self.publisher.publish(
             Envelope(
                 queue="orders",
@@ -277,12 +277,14 @@ async def test_http_receivers_never_lease_a_cancelled_copy(amqp_url: str, rig: R
                 "/v1/queues/orders/receive", json={"max_messages": 10, "wait_seconds": 2}
             )
             assert response.status_code == 200, response.text
+            ready = (await http.get("/readyz")).json()
             leased = [m["message_id"] for m in response.json()["messages"]]
             for message in response.json()["messages"]:
                 ack = await http.delete(f"/v1/queues/orders/receipts/{message['receipt']}")
                 assert ack.status_code == 204
             metrics = (await http.get("/metrics")).text
     assert leased == ["m1", "m3"]
+    assert ready["ledger"] == "following"
     assert consumed(metrics, "cancelled") == 1
     assert "bandgate_ledger_following 1.0" in metrics
 

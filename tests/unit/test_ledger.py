@@ -59,30 +59,33 @@ def test_handled_ids_are_duplicates_only_for_a_consumer_that_dedupes() -> None:
 
 
 def test_entries_leave_the_view_when_the_window_passes_over_them() -> None:
+    t = ledger.now_ms()  # this window is 60 s: stamp entries now, not at import
     view = LedgerView(60)
-    view.apply(Entry("cancel", "orders", "old", T + 1_000, T + 1_000))
-    view.apply(Entry("handled", "orders", "old", 0, T + 1_000))
-    view.apply(Entry("cancel", "orders", "new", T + 50_000, T + 50_000))
+    view.apply(Entry("cancel", "orders", "old", t + 1_000, t + 1_000))
+    view.apply(Entry("handled", "orders", "old", 0, t + 1_000))
+    view.apply(Entry("cancel", "orders", "new", t + 50_000, t + 50_000))
     assert len(view) == 3
-    view.expire(now=T + 61_500)  # the window reaches back to T + 1,500 ms
+    view.expire(now=t + 61_500)  # the window reaches back to t + 1,500 ms
     assert len(view) == 1
     assert view.verdict("orders", "old", 0) is None
     assert view.verdict("orders", "new", 0) == "cancelled"
 
 
 def test_an_updated_tombstone_moves_to_the_back_of_the_expiry_line() -> None:
+    t = ledger.now_ms()  # this window is 60 s: stamp entries now, not at import
     view = LedgerView(60)
-    view.apply(Entry("cancel", "orders", "a", T + 1_000, T + 1_000))
-    view.apply(Entry("cancel", "orders", "b", T + 2_000, T + 2_000))
-    view.apply(Entry("cancel", "orders", "a", T + 3_000, T + 3_000))
-    view.expire(now=T + 62_500)  # past b (+2,000), not past a's newest write (+3,000)
+    view.apply(Entry("cancel", "orders", "a", t + 1_000, t + 1_000))
+    view.apply(Entry("cancel", "orders", "b", t + 2_000, t + 2_000))
+    view.apply(Entry("cancel", "orders", "a", t + 3_000, t + 3_000))
+    view.expire(now=t + 62_500)  # past b (+2,000), not past a's newest write (+3,000)
     assert view.verdict("orders", "a", 0) == "cancelled"
     assert view.verdict("orders", "b", 0) is None
 
 
 def test_entries_older_than_the_window_are_not_kept() -> None:
+    t = ledger.now_ms()  # this window is 60 s: stamp entries now, not at import
     view = LedgerView(60)
-    view.apply(ledger.cancel("orders", "m1", at_ms=T - 61_000))  # read late from the stream
+    view.apply(ledger.cancel("orders", "m1", at_ms=t - 61_000))  # read late from the stream
     assert len(view) == 0
 
 
@@ -101,3 +104,9 @@ def test_the_generation_header_of_a_first_publish_is_zero() -> None:
     assert ledger.generation_of({}) == 0
     assert ledger.generation_of({"x-bandgate-generation": 7_000}) == 7_000
     assert ledger.generation_of({"x-bandgate-generation": b"7000"}) == 7_000
+
+
+def test_generations_given_out_in_one_millisecond_still_differ() -> None:
+    generations = [ledger.new_generation() for _ in range(1000)]
+    assert generations == sorted(set(generations))
+    assert generations[0] >= T
