@@ -1,6 +1,7 @@
-"""`python -m bench [publish|delay|consume|priority|memory|native|shards|pull|all]`: benchmarks
-against the raw aio-pika client and the alternatives, in one run on one broker, printed as
-tables and written as JSON under bench/results/. `all` takes about 25 minutes on two cores.
+"""`python -m bench [publish|delay|consume|priority|memory|native|shards|pull|ledger|all]`:
+benchmarks against the raw aio-pika client and the alternatives, in one run on one broker,
+printed as tables and written as JSON under bench/results/. `all` takes about 25 minutes on two
+cores, and `ledger` (the tombstone ledger's costs) about 5 minutes more.
 
 A benchmark whose rows carry a `part` prints a table per part."""
 
@@ -18,6 +19,7 @@ from typing import Any
 from bench.consume import run_consume
 from bench.delay import run_delay
 from bench.environment import BenchBroker, bench_broker
+from bench.ledger import run_ledger
 from bench.memory import run_memory
 from bench.native import run_native
 from bench.priority import run_priority
@@ -37,6 +39,7 @@ BENCHMARKS: dict[str, Runner] = {
     "native": lambda broker, args: run_native(broker),
     "shards": lambda broker, args: run_shards(broker),
     "pull": lambda broker, args: run_pull(broker, args.messages),
+    "ledger": lambda broker, args: run_ledger(broker),
 }
 
 

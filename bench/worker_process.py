@@ -11,6 +11,12 @@
 Both run the same handler: record the message, then sleep `handler_ms` (nothing at 0). The
 process prints `ready` once it consumes, stops after `expect` messages (0: on SIGTERM) and
 writes what it recorded to OUT as JSON. `WorkerProcess` is the parent's handle on it.
+
+The bandgate worker can also leave the tombstone ledger unfollowed (`follow_ledger`), dedupe
+(`dedupe`: each handled id is recorded in the ledger), note when each message id started
+(`record_ids`), and stop once `expect_settled` messages were settled, handled or skipped (the
+ledger's skips never reach the handler). Its record then says what the worker's metrics counted
+per outcome, and whether it followed the ledger with how many entries.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 import aio_pika
 import orjson
 
-from bandgate.consumers.worker import run_on_event_loop
+from bandgate.consumers.worker import Worker, run_on_event_loop
 from bench.child import ChildProcess
 from bench.environment import cpu_seconds, machine_busy_seconds
 
@@ -56,6 +62,11 @@ class WorkerConfig:
     run: str = ""  # hot messages of other runs count as background
     broker_pid: int | None = None  # to read the broker's CPU time at the first and last message
     gateway_pid: int | None = None  # and the gateway's, where one takes part
+    follow_ledger: bool = True  # bandgate: follow the tombstone ledger
+    ledger_catchup_seconds: float = 120.0  # bandgate: a long ledger takes a while to read
+    dedupe: bool = False  # bandgate: the consumer dedupes by message id
+    record_ids: bool = False  # bandgate: note when each message id started, and its priority
+    expect_settled: int = 0  # bandgate: stop once this many were settled (skips included)
 
 
 class Terms(Protocol):
@@ -84,6 +95,8 @@ class Recorder:
         self.waits: dict[int, float] = {}
         self.background: Counter[int] = Counter()
         self.marks: dict[str, float] = {}
+        self.ids: dict[str, list[tuple[float, int]]] = {}
+        self.info: dict[str, Any] = {}
         self.on_done: Callable[[], None] = lambda: None
 
     def record(self, payload: Any) -> None:
@@ -103,6 +116,10 @@ class Recorder:
             self._mark("last")
             self.on_done()
 
+    def record_id(self, message_id: str, priority: int) -> None:
+        """When a copy of `message_id` started (wall clock, as other processes read it)."""
+        self.ids.setdefault(message_id, []).append((time.time(), priority))
+
     def _mark(self, name: str) -> None:
         self.marks[f"{name}_at"] = time.perf_counter()
         self.marks[f"{name}_cpu"] = time.process_time()
@@ -118,33 +135,77 @@ class Recorder:
             "waits": {str(seq): wait for seq, wait in self.waits.items()},
             "background": {str(second): n for second, n in self.background.items()},
             **self.marks,
+            **({"ids": self.ids} if self.ids else {}),
+            **self.info,
         }
 
 
 async def run_bandgate(config: WorkerConfig, recorder: Recorder) -> None:
     from bandgate.consumers import ConsumerApp, Message
     from bandgate.consumers.settings import WorkerSettings
-    from bandgate.consumers.worker import Worker
 
     settings = WorkerSettings(
-        amqp_url=config.amqp_url, declare_topology=False, shutdown_grace_seconds=2.0
+        amqp_url=config.amqp_url,
+        declare_topology=False,
+        shutdown_grace_seconds=2.0,
+        follow_ledger=config.follow_ledger,
+        ledger_catchup_seconds=config.ledger_catchup_seconds,
     )
     app = ConsumerApp(settings)
     pause = config.handler_ms / 1000
 
-    @app.consumer(config.queue, concurrency=config.concurrency, prefetch=config.prefetch)
+    @app.consumer(
+        config.queue,
+        concurrency=config.concurrency,
+        prefetch=config.prefetch,
+        dedupe=config.dedupe,
+    )
     async def handle(msg: Message) -> None:
+        if config.record_ids:
+            recorder.record_id(msg.message_id, msg.priority)
         recorder.record(msg.payload)
         if pause:
             await asyncio.sleep(pause)
 
     worker = Worker(app)
-    recorder.on_done = worker.stop
+
+    def done() -> None:
+        if worker.ledger is not None:  # still following? (the shutdown closes the follower)
+            recorder.info["ledger_following"] = worker.ledger.following
+        worker.stop()
+
+    recorder.on_done = done
     announce = asyncio.create_task(_announce(worker.ready))
+    settled = asyncio.create_task(_stop_when_settled(worker, config.expect_settled, done))
     try:
         await worker.serve()
     finally:
         announce.cancel()
+        settled.cancel()
+    recorder.info["outcomes"] = _outcomes(worker)
+    if worker.ledger is not None:
+        recorder.info["ledger_entries"] = len(worker.ledger.view)
+
+
+async def _stop_when_settled(worker: Worker, expected: int, done: Callable[[], None]) -> None:
+    """`done()` once the worker's metrics counted `expected` messages settled (0: never). The
+    metrics are polled: a skip never reaches the handler, and a counter has nothing to await."""
+    if not expected:
+        return
+    await worker.ready.wait()
+    while sum(_outcomes(worker).values()) < expected:  # noqa: ASYNC110
+        await asyncio.sleep(0.02)
+    done()
+
+
+def _outcomes(worker: Worker) -> dict[str, int]:
+    """Messages settled so far, per outcome (`bandgate_consumed_total`)."""
+    counts: Counter[str] = Counter()
+    for family in worker.telemetry.consumed.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                counts[sample.labels["outcome"]] += int(sample.value)
+    return dict(counts)
 
 
 async def run_plain(config: WorkerConfig, recorder: Recorder) -> None:
