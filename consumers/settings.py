@@ -68,7 +68,7 @@ class WorkerSettings(BrokerSettings):
         "skipped (off: every copy runs, and `dedupe` cannot work)",
     )
     ledger_catchup_seconds: float = Field(
-        default=10.0,
+        default=60.0,
         gt=0,
         description="at start-up, how long to wait for the ledger to be read up to now; past "
         "it the worker starts anyway and says it does not follow the ledger",

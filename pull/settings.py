@@ -40,7 +40,7 @@ class PullSettings(BaseSettings):
         description="how long a process keeps consuming after its last waiting receive",
     )
     ledger_catchup_seconds: float = Field(
-        default=10.0,
+        default=60.0,
         gt=0,
         description="at the first receive, how long to wait for the tombstone ledger to be "
         "read up to now; past it receivers serve anyway, and /readyz says they do not follow it",
