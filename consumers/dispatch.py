@@ -27,14 +27,24 @@ handler duration, `R` = refill latency from ack to next delivery):
 
 - every band but the coldest: `P = 2C`. With all `C` slots on the band, `C` more messages wait
   at hand, enough while `d > R * C / (P - C)` (`d > R` at `P = 2C`).
-- the coldest band: `P = max(2, C // 4)`. Background work never holds more than that many slots,
-  so hotter work finds a free slot at once even under a huge cold backlog (a prototype of this
-  shape measured hot p99 of 4.5-8 ms under 50 000 cold messages). So that a cold-only load
-  still uses every slot, the coldest band gets `2C` once no hotter message has arrived for
-  `cold_boost_seconds` (0.5 s; the refill wait once a hotter backlog drained), and
-  `max(2, C // 4)` again at the next one (`consumers.boost`;
-  while boosted, the first hotter message waits for a slot to free). Override per band with
-  `prefetch={"cold": n}`, which also turns the boost off.
+- the coldest band: `P = 2C` too, but it shares the slots through a headroom
+  (`consumers.headroom`): a cold message starts only while cold work holds fewer than
+  `f = max(2, C // 4)` slots, or while at least `reserve` slots stay free after it, with
+  `reserve = min(C - f, ceil(m + 3 sqrt(m)) + 1)` and `m` the time-average of the slots hotter
+  bands hold (`m = lambda * d` for hotter arrivals at rate `lambda`: Little's law); and
+  `reserve = 0` after `cold_boost_seconds` (0.5 s) without a hotter arrival (the refill wait,
+  once a hotter backlog drained on the broker). Where the headroom does not apply (an override
+  `prefetch={"cold": n}`, a sharded or ordered coldest band, `cold_boost_seconds = 0`), the
+  coldest band keeps `P = max(2, C // 4)`.
+
+  The bound on a hotter message's wait for a slot: right after any cold start at least
+  `reserve` slots are free, and only hotter starts take them. A hotter message arriving then
+  waits only if more than `reserve` hotter messages hold slots at once, more than `m` plus
+  three standard deviations for Poisson arrivals (about 1 in 1,000); it then waits for the
+  first of the `C` running messages to end: at most one handler run `d`, `d / C` on average.
+  Under saturating hotter work (`reserve` capped at `C - f`) cold work holds at most `f`
+  slots, as with the old fixed prefetch; after an idle spell (`reserve = 0`) the first hotter
+  message waits for one slot to free, at most one cold handler run.
 - refill wait `H` (`WorkerSettings.refill_wait_seconds`, 0.1 s): a band that had a backlog at
   hand and runs dry keeps its claim on free slots for up to `H`, because its refill is most
   likely on the way; when a free slot waits for it, the worker asks the broker (passive
@@ -50,8 +60,9 @@ messages already held can start, so per such event the inversion window of band 
     W_i = min(C, sum of P_j over the bands j colder than i)    messages,
 
 and about `C * L / d` on average (a fraction of a message for handlers of a few milliseconds).
-With the defaults and three bands, `W_hot = min(C, 2C + max(2, C // 4)) = C` and
-`W_warm = max(2, C // 4)`. At start-up the worker consumes the bands hottest first, waits for
+With the defaults and three bands, `W_hot = min(C, 2C + 2C) = C`, and `W_warm` is what the
+headroom lets the coldest band start: at most `C - reserve` (`max(2, C // 4)` where the
+headroom does not apply). At start-up the worker consumes the bands hottest first, waits for
 each band's first prefetch to arrive, and only then starts dispatching, so a backlog present at
 start-up adds no inversion (unless that wait, `startup_prime_seconds`, times out). `weighted`
 has no such window: it starts colder messages on purpose, at their share.
@@ -65,6 +76,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Generic, Literal, Protocol, TypeVar, get_args
 
+from bandgate.consumers.headroom import Headroom
 from bandgate.consumers.merge import BandBuffer, ShardMerge
 
 PolicyName = Literal["strict", "weighted"]
@@ -203,7 +215,10 @@ class Dispatcher(Generic[T]):
         refill_wait: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         merge: ShardMerge[T] | None = None,
+        headroom: Headroom | None = None,
     ) -> None:
+        """`headroom`: the coldest band starts a message only while the reserve it asks
+        for stays free (`consumers.headroom`)."""
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if merge is not None and len(merge.shards) != bands:
@@ -220,6 +235,9 @@ class Dispatcher(Generic[T]):
             for band in range(bands)
         ]
         self._running = 0
+        self.headroom = headroom
+        self._coldest = bands - 1
+        self._hotter_running = 0  # slots held by bands other than the coldest
         self._busy_keys: list[set[str]] = [set() for _ in range(bands)]
         self._backlog = [False] * bands  # a delivery found the buffer non-empty
         self._dry_since: list[float | None] = [None] * bands  # backlog buffer ran dry at
@@ -259,6 +277,10 @@ class Dispatcher(Generic[T]):
     def done(self, band: int, item: T) -> None:
         """The slot running `item` (taken from `band`) is free again."""
         self._running -= 1
+        if band < self._coldest:
+            self._hotter_running -= 1
+            if self.headroom is not None:
+                self.headroom.hotter_busy(self._hotter_running)
         key = self._key(item)
         if key is not None:
             self._busy_keys[band].discard(key)
@@ -293,6 +315,12 @@ class Dispatcher(Generic[T]):
             candidates[band] = True
         band = self._policy.peek(candidates)
         head = heads[band]
+        if (
+            band == self._coldest
+            and self.headroom is not None
+            and not self.headroom.admits(self._running, self._running - self._hotter_running)
+        ):
+            return None  # the free slots left are hotter work's headroom
         if head is None:
             # Wait for the refill of a band the policy prefers; ask the owner, once per dry
             # spell, whether one is coming at all.
@@ -307,6 +335,10 @@ class Dispatcher(Generic[T]):
             self._dry_since[band] = self._clock()
             self._asked[band] = False
         self._running += 1
+        if band < self._coldest:
+            self._hotter_running += 1
+            if self.headroom is not None:
+                self.headroom.hotter_busy(self._hotter_running)
         key = self._key(item)
         if key is not None:
             self._busy_keys[band].add(key)
@@ -353,7 +385,10 @@ class Dispatcher(Generic[T]):
         return items
 
     def _next_refill_deadline(self) -> float | None:
-        waits = [since for since in self._dry_since if since is not None]
-        if not waits:
+        """Seconds until a refill wait runs out or the headroom's reserve drops to 0."""
+        ends = [since + self.refill_wait for since in self._dry_since if since is not None]
+        if self.headroom is not None and (idle := self.headroom.idle_until()) is not None:
+            ends.append(idle)
+        if not ends:
             return None
-        return max(0.0, min(waits) + self.refill_wait - self._clock())
+        return max(0.0, min(ends) - self._clock())

@@ -5,7 +5,7 @@ dispatcher, so the waterfall sees a sharded band as one band; inside it, each sh
 own order and a slot starts the best head (`consumers.merge`). A delivery that arrives while
 the runner stops, or while its queue is being handed back, is not taken in but given back
 (`consumers.handback`). Arrivals are counted per band for the start-up (`consumers.startup`
-waits for each band's first prefetch) and reported to the cold boost. A queue whose consumer
+waits for each band's first prefetch) and reported to the headroom. A queue whose consumer
 is lost (the broker cancelled it) is consumed again (`consumers.resubscribe`).
 """
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 
-from bandgate.consumers.boost import ColdBoost
 from bandgate.consumers.delivery import Delivery, partition_key
 from bandgate.consumers.dispatch import Dispatcher
 from bandgate.consumers.handback import HandBack
+from bandgate.consumers.headroom import Headroom
 from bandgate.consumers.incoming import Incoming
 from bandgate.consumers.lifetime import Lifetime
 from bandgate.consumers.resubscribe import Resubscriber
@@ -33,13 +33,13 @@ class Intake:
         handback: HandBack,
         lifetime: Lifetime,
         resubscriber: Resubscriber,
-        boost: ColdBoost | None = None,
+        headroom: Headroom | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.handback = handback
         self.lifetime = lifetime
         self.resubscriber = resubscriber
-        self.boost = boost
+        self.headroom = headroom
         self._coldest = bands - 1
         self._arrived = [0] * bands
         self._arrival = asyncio.Event()
@@ -52,8 +52,8 @@ class Intake:
             return
         subscription.active = True
         band = subscription.band
-        if self.boost is not None and band < self._coldest:
-            self.boost.hotter_arrived()
+        if self.headroom is not None and band < self._coldest:
+            self.headroom.hotter_arrived()
         self._arrived[band] += 1
         self._arrival.set()
         self.dispatcher.put(band, delivery)

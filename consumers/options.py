@@ -6,7 +6,7 @@ catches the rest (an unknown queue or band, a bad value) with a message naming t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -45,6 +45,23 @@ class ConsumerOptions:
             band.shards * shard_prefetch(prefetch, band.shards)
             for band, prefetch in zip(spec.bands, self.prefetch(spec, concurrency), strict=True)
         )
+
+
+def keeps_headroom(
+    spec: QueueSpec, options: ConsumerOptions, prefetch: Sequence[int], idle_after: float
+) -> bool:
+    """Whether the coldest band of `spec` shares the slots through a headroom
+    (`consumers.headroom`) under these options."""
+    coldest = spec.bands[-1]
+    return (
+        idle_after > 0
+        and options.policy == "strict"
+        and len(spec.bands) > 1
+        and coldest.shards == 1
+        and not spec.ordered
+        and coldest.name not in options.prefetch_overrides
+        and prefetch[-1] < prefetch[0]
+    )
 
 
 def check_options(

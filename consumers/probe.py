@@ -3,7 +3,7 @@
 A band that had a backlog and ran dry keeps its claim on free slots for the refill wait, since
 its refill is most likely on the way (`consumers.dispatch`). When a free slot waits for it, the
 probe asks the broker (a passive declare on its own channel): if no queue of the band has a
-message ready, the dispatcher stops waiting (`Dispatcher.settle`) and the cold boost learns that
+message ready, the dispatcher stops waiting (`Dispatcher.settle`) and the headroom learns that
 the hotter work is done. Only queues this worker is the active consumer of can refill it.
 """
 
@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 from aio_pika.abc import AbstractChannel
 
-from bandgate.consumers.boost import ColdBoost
 from bandgate.consumers.delivery import Delivery
 from bandgate.consumers.dispatch import Dispatcher
+from bandgate.consumers.headroom import Headroom
 from bandgate.consumers.lifetime import Lifetime
 from bandgate.consumers.subscription import Subscription
 
@@ -31,13 +31,13 @@ class RefillProbe:
         dispatcher: Dispatcher[Delivery],
         lifetime: Lifetime,
         refill_wait: float,
-        boost: ColdBoost | None = None,
+        headroom: Headroom | None = None,
     ) -> None:
         self.bands = bands
         self.dispatcher = dispatcher
         self.lifetime = lifetime
         self.refill_wait = refill_wait
-        self.boost = boost
+        self.headroom = headroom
         self.channel: AbstractChannel | None = None
         # A probe that found a band's backlog goes on answers for the next refill wait too.
         self._backlog_seen_at = [float("-inf")] * len(bands)
@@ -85,8 +85,8 @@ class RefillProbe:
             self._backlog_seen_at[band] = asyncio.get_running_loop().time()
         else:
             self.dispatcher.settle(band)
-            if self.boost is not None and band < len(self.bands) - 1:
-                self.boost.hotter_drained()
+            if self.headroom is not None and band < len(self.bands) - 1:
+                self.headroom.hotter_drained()
 
 
 __all__ = ["RefillProbe"]

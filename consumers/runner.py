@@ -20,10 +20,11 @@ and the pipeline frees the slot (`Dispatcher.done`).
 
 Beside that path: `consumers.handback` gives messages back (shutdown, an unconfirmed copy, a
 bug) and hands single-active queues back; `consumers.probe` asks the broker when a band runs dry;
-`consumers.boost` widens the coldest band while hotter bands are idle; `consumers.balance` shares
-ordered shards with other workers; `consumers.resubscribe` consumes a queue again whose consumer
-was lost (the broker cancelled it); `consumers.startup` and `consumers.shutdown` open and close
-it all; `consumers.lifetime` says when the runner is stopping.
+`consumers.headroom` keeps the coldest band off the slots hotter work needs;
+`consumers.balance` shares ordered shards with other workers; `consumers.resubscribe` consumes
+a queue again whose consumer was lost (the broker cancelled it); `consumers.startup` and
+`consumers.shutdown` open and close it all; `consumers.lifetime` says when the runner is
+stopping.
 
 Ordered queues (`QueueSpec.ordered`): a message whose partition key is running waits (as on any
 queue), failures are retried in place (`consumers.ordering`), messages are given back only by
@@ -44,13 +45,14 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from bandgate.consumers import shutdown
 from bandgate.consumers.balance import ShardSharing, WorkersQueue
-from bandgate.consumers.boost import ColdBoost, boosts
 from bandgate.consumers.consumer import Consumer
 from bandgate.consumers.delivery import Delivery, dispatch_key, shard_merge
 from bandgate.consumers.dispatch import Dispatcher, DispatcherClosed, make_policy, shard_prefetch
 from bandgate.consumers.handback import HandBack
+from bandgate.consumers.headroom import Headroom
 from bandgate.consumers.intake import Intake
 from bandgate.consumers.lifetime import Lifetime
+from bandgate.consumers.options import keeps_headroom
 from bandgate.consumers.outcome import Outcome
 from bandgate.consumers.pipeline import Pipeline
 from bandgate.consumers.probe import RefillProbe
@@ -76,7 +78,7 @@ class ConsumerRunner:
         prime_timeout: float = 2.0,
         refill_wait: float = 0.1,
         share_interval: float = 1.0,
-        boost_after: float = 0.5,
+        headroom_after: float = 0.5,
         telemetry: ConsumerTelemetry | None = None,
         resubscribe_interval: float = 1.0,
         merge_shards: bool = True,
@@ -90,6 +92,14 @@ class ConsumerRunner:
         self.connection = connection
         self.concurrency = concurrency or consumer.options.concurrency
         self.prefetch = consumer.options.prefetch(spec, self.concurrency)
+        self.headroom = (
+            Headroom(self.concurrency, idle_after=headroom_after, quiet_after=refill_wait)
+            if keeps_headroom(spec, consumer.options, self.prefetch, headroom_after)
+            else None
+        )
+        if self.headroom is not None:
+            # The dispatcher, not the prefetch, keeps the coldest band off hotter work's slots.
+            self.prefetch = (*self.prefetch[:-1], self.prefetch[0])
         self.prime_timeout = prime_timeout
         self.lifetime = Lifetime()
         self.subscriptions = [
@@ -112,16 +122,7 @@ class ConsumerRunner:
             key=dispatch_key(spec),
             refill_wait=refill_wait,
             merge=shard_merge(spec) if merge_shards else None,
-        )
-        self.boost = (
-            ColdBoost(
-                self.subscriptions[-1][0],
-                full=self.prefetch[0],
-                idle_after=boost_after,
-                quiet_after=refill_wait,
-            )
-            if boosts(spec, consumer.options, self.prefetch, boost_after)
-            else None
+            headroom=self.headroom,
         )
         self.handback = HandBack(connection, settler, self.dispatcher, self.lifetime)
         self.intake = Intake(
@@ -130,10 +131,14 @@ class ConsumerRunner:
             self.handback,
             self.lifetime,
             Resubscriber(connection, self.dispatcher, self.lifetime, resubscribe_interval),
-            self.boost,
+            self.headroom,
         )
         self.probe = RefillProbe(
-            self.subscriptions, self.dispatcher, self.lifetime, refill_wait, self.boost
+            self.subscriptions,
+            self.dispatcher,
+            self.lifetime,
+            refill_wait,
+            self.headroom,
         )
         workers = naming.workers_queue(settler.publisher.topology.exchange, spec.name)
         self.sharing = (
@@ -164,7 +169,6 @@ class ConsumerRunner:
             tombstones,
         )
         self._channel: AbstractChannel | None = None  # for probes and counting workers
-        self._boost_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Outcome | None]] = set()
 
     @property
@@ -179,8 +183,6 @@ class ConsumerRunner:
         self.probe.start(self._channel)
         if self.sharing is not None:
             await self.sharing.start(self.connection, self._channel)
-        if self.boost is not None:
-            self._boost_task = asyncio.create_task(self.boost.run())
         log_started(self.consumer, self.concurrency, self.prefetch, self.subscriptions)
 
     async def run(self) -> None:
@@ -210,9 +212,6 @@ class ConsumerRunner:
     async def stop_consuming(self) -> None:
         """Stop taking messages and give back every one not started yet (`consumers.shutdown`)."""
         self.lifetime.stop()
-        if self.boost is not None and self._boost_task is not None:
-            self.boost.stop()
-            await asyncio.gather(self._boost_task, return_exceptions=True)
         if self.sharing is not None:
             await self.sharing.leave()
         returned = await shutdown.stop_taking(self.subscriptions, self.dispatcher, self.handback)
@@ -224,9 +223,6 @@ class ConsumerRunner:
         await shutdown.cancel(self._tasks)
 
     async def close(self) -> None:
-        if self._boost_task is not None:
-            self._boost_task.cancel()
-            await asyncio.gather(self._boost_task, return_exceptions=True)
         await self.lifetime.cancel_background()
         await shutdown.close(self.subscriptions, self._channel)
         if self._executor is not None:

@@ -41,7 +41,8 @@ class WorkerSettings(BrokerSettings):
         default=0.5,
         ge=0,
         description="once no hotter message arrived for this long, the coldest band may fill "
-        "every slot (prefetch 2C instead of C/4) until one does; 0 never (consumers.boost)",
+        "every slot; until then it leaves a headroom sized from hotter work's use of the "
+        "slots (consumers.headroom); 0: no headroom, the coldest band keeps a prefetch of C/4",
     )
     share_shards_seconds: float = Field(
         default=1.0,

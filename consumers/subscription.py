@@ -117,7 +117,7 @@ class Subscription:
     def _cancelled(self, frame: Basic.Cancel) -> None:
         """A basic.cancel from the broker (a consumer this worker cancelled gets a CancelOk)."""
         if frame.consumer_tag != self._consumer_tag:
-            return  # a consumer replaced by `resize`, or one closed meanwhile
+            return  # a consumer cancelled or closed meanwhile
         self._lost(
             "the broker cancelled its consumer (a message was held past the queue's consumer "
             "timeout, or the queue was deleted)"
@@ -136,23 +136,6 @@ class Subscription:
         self._consumer_tag = None  # gone: nothing to restore or cancel on this channel
         if self._receiver is not None:
             self._receiver.lost(self, reason)
-
-    async def resize(self, prefetch: int) -> None:
-        """Consume with another prefetch; what is in hand stays and is settled as usual.
-
-        RabbitMQ fixes a consumer's prefetch when it subscribes (basic.qos applies to consumers
-        made after it), so this subscribes anew and then cancels the old consumer: the queue is
-        never left without one, even when the channel closes half-way.
-        """
-        assert not self.single_active, "a single active consumer is handed back, not resized"
-        assert self.channel is not None
-        old = self._consumer_tag
-        assert old is not None
-        await self.channel.set_qos(prefetch_count=prefetch)
-        await self._consume()
-        self.prefetch = prefetch
-        underlay = await self.channel.get_underlay_channel()
-        await underlay.basic_cancel(old)
 
     async def pause(self) -> None:
         """Stop deliveries for a while (competing consumers only); the receiver gives back

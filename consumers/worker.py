@@ -172,7 +172,7 @@ class Worker:
                     prime_timeout=self.settings.startup_prime_seconds,
                     refill_wait=self.settings.refill_wait_seconds,
                     share_interval=self.settings.share_shards_seconds,
-                    boost_after=self.settings.cold_boost_seconds,
+                    headroom_after=self.settings.cold_boost_seconds,
                     telemetry=observed,
                     resubscribe_interval=self.settings.reconnect_interval_seconds,
                     tombstones=tombstones,

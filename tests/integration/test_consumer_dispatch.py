@@ -142,8 +142,8 @@ async def test_weighted_shares_under_saturation(
 async def test_the_coldest_band_fills_every_slot_while_hotter_bands_are_idle(
     amqp_url: str, topology: Topology, start_worker: StartWorker
 ) -> None:
-    """Cold boost: with no hotter work, a cold backlog runs on all 8 slots, not its prefetch of
-    2; a hot message shrinks the cold band back, and starts as soon as a slot is free."""
+    """Headroom: with no hotter work, a cold backlog runs on all 8 slots; a hot message then
+    waits for the first slot to free (at most one cold handler run) and gets it."""
     connection = await aio_pika.connect(amqp_url)
     async with connection:
         await apply_topology(connection, topology)
@@ -151,7 +151,7 @@ async def test_the_coldest_band_fills_every_slot_while_hotter_bands_are_idle(
         cold = [Envelope(queue="orders", payload={"n": n}, priority=1) for n in range(40)]
         assert all(isinstance(r, Published) for r in await publisher.publish_many(cold))
 
-        settings = WorkerSettings(amqp_url=amqp_url, cold_boost_seconds=0.2)
+        settings = WorkerSettings(amqp_url=amqp_url, cold_boost_seconds=300)
         app = ConsumerApp(settings, topology=topology)
         running: Counter[str] = Counter()
         all_slots_cold, hot_started, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
@@ -168,15 +168,15 @@ async def test_the_coldest_band_fills_every_slot_while_hotter_bands_are_idle(
 
         worker = await start_worker(app)
         runner = worker.runners[0]
-        boost = runner.boost
-        assert boost is not None
-        assert runner.prefetch == (16, 16, 2)
+        headroom = runner.headroom
+        assert headroom is not None
+        assert runner.prefetch == (16, 16, 16)
         try:
             await asyncio.wait_for(all_slots_cold.wait(), 10)
-            await until(lambda: boost.boosted)  # its old consumer is cancelled after the resize
+            assert headroom.reserve() == 0  # no hotter message yet
 
             await publisher.publish(Envelope(queue="orders", payload={"hot": True}, priority=8))
-            await until(lambda: not boost.boosted)
+            await until(lambda: headroom.reserve() >= 1)
             assert not hot_started.is_set()  # every slot is busy with cold work
         finally:
             release.set()
@@ -218,14 +218,53 @@ async def test_the_coldest_band_fills_every_slot_once_a_hotter_backlog_drained(
             running["cold"] -= 1
 
         worker = await start_worker(app)
-        boost = worker.runners[0].boost
-        assert boost is not None
+        headroom = worker.runners[0].headroom
+        assert headroom is not None
         try:
             await asyncio.wait_for(all_slots_cold.wait(), 20)
             assert hot_done == 100
-            await until(lambda: boost.boosted)  # its old consumer is cancelled after the resize
+            assert headroom.reserve() == 0
         finally:
             release.set()
+
+
+async def test_under_a_hot_trickle_cold_work_uses_more_than_a_quarter_of_the_slots(
+    amqp_url: str, topology: Topology, start_worker: StartWorker
+) -> None:
+    """The cold tax the headroom removes: while hot messages keep arriving (one slot's worth at
+    most), cold work ran on `max(2, C // 4)` slots; now it runs on all but the reserve, and
+    every hot message is handled."""
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        await apply_topology(connection, topology)
+        publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
+        cold = [Envelope(queue="orders", payload={"n": n}, priority=1) for n in range(2000)]
+        assert all(isinstance(r, Published) for r in await publisher.publish_many(cold))
+
+        app = ConsumerApp(WorkerSettings(amqp_url=amqp_url), topology=topology)
+        running: Counter[str] = Counter()
+        most_cold_while_hot = 0
+        hot_handled: list[int] = []
+
+        @app.consumer("orders", concurrency=8)
+        async def handle(msg: Message) -> None:
+            nonlocal most_cold_while_hot
+            running[msg.band] += 1
+            if msg.band == "hot":
+                hot_handled.append(msg.payload["n"])
+            elif hot_handled:
+                most_cold_while_hot = max(most_cold_while_hot, running["cold"])
+            await asyncio.sleep(0.01)
+            running[msg.band] -= 1
+
+        await start_worker(app)
+        for n in range(40):  # 20/s for 2 s, 10 ms handlers: a fifth of one slot
+            await publisher.publish(Envelope(queue="orders", payload={"n": n}, priority=8))
+            await asyncio.sleep(0.05)
+        await until(lambda: len(hot_handled) == 40)
+        assert sorted(hot_handled) == list(range(40))
+        assert most_cold_while_hot > 2  # the old fixed share at concurrency 8
+        await publisher.channels.close()
 
 
 async def until(condition: Callable[[], bool], within: float = 10.0) -> None:
