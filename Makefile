@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup broker run test lint unit bench clean
+.PHONY: setup broker run test lint unit bench bench-setup clean
 
 setup: $(VENV)/.installed
 
@@ -36,7 +36,11 @@ unit: setup
 test: setup broker lint
 	$(BIN)/pytest
 
-bench: setup broker
+# The priority benchmark's peers (Celery, Dramatiq, psycopg) and its plot: an optional extra.
+bench-setup: setup
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+
+bench: bench-setup broker
 	@command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk)
 	$(BIN)/python -m bench all
 

@@ -34,7 +34,7 @@ BENCHMARKS: dict[str, Runner] = {
     "publish": lambda broker, args: run_publish(broker, args.messages),
     "delay": lambda broker, args: run_delay(broker),
     "consume": lambda broker, args: run_consume(broker),
-    "priority": lambda broker, args: run_priority(broker),
+    "priority": lambda broker, args: run_priority(broker, args.only),
     "memory": lambda broker, args: run_memory(broker),
     "native": lambda broker, args: run_native(broker),
     "shards": lambda broker, args: run_shards(broker),
@@ -89,6 +89,12 @@ def main() -> None:
     # drains backlogs of this many.
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument(
+        "--only",
+        metavar="WORDS",
+        help="priority: run only the contenders whose names contain one of these "
+        "comma-separated words, e.g. bandgate,celery (case-insensitive)",
+    )
+    parser.add_argument(
         "--rabbitmq",
         choices=["3.10", "4.0", "4.3"],
         help="run the private node of this RabbitMQ version (default: the installed one)",
@@ -107,6 +113,7 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
         "broker": f"RabbitMQ {broker.version}",
         "command": f"python -m bench {args.which}"
+        + (f" --only {args.only}" if args.only else "")
         + (f" --rabbitmq {args.rabbitmq}" if args.rabbitmq else ""),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)

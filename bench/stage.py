@@ -1,4 +1,5 @@
-"""What several benchmarks set up the same way: the `orders` bands, emptied; a gateway process."""
+"""What several benchmarks set up the same way: the `orders` bands, emptied; a gateway process;
+queue depths and deletions."""
 
 from __future__ import annotations
 
@@ -32,6 +33,31 @@ async def reset_bands(broker: BenchBroker) -> list[str]:
         for name in names:
             await (await channel.get_queue(name)).purge()
     return names
+
+
+async def depths(url: str, names: tuple[str, ...], purge: tuple[str, ...] = ()) -> list[int]:
+    """Empty the queues `purge` names; the number of messages ready in each of `names`."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        for name in purge:
+            await (await channel.get_queue(name)).purge()
+        counts = []
+        for name in names:
+            queue = await channel.declare_queue(name, passive=True)
+            counts.append(queue.declaration_result.message_count or 0)
+    return counts
+
+
+async def delete(url: str, queues: tuple[str, ...], exchanges: tuple[str, ...] = ()) -> None:
+    """Delete queues and exchanges, whether they exist or not."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        for name in queues:
+            await channel.queue_delete(name)
+        for name in exchanges:
+            await channel.exchange_delete(name)
 
 
 @contextmanager
