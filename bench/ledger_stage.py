@@ -21,7 +21,7 @@ from bandgate.topology import naming
 from bandgate.topology.declare import apply_topology
 from bandgate.topology.loader import load_topology
 from bench.environment import BenchBroker
-from bench.raw_amqp import CHUNK, WINDOW, RawPublisher
+from bench.raw_amqp import fill
 
 WRITE_CHUNK = 1_000  # ledger records in flight at once
 
@@ -81,24 +81,8 @@ async def band_backlog(broker: BenchBroker, queue: str) -> int:
 
 
 def fill_ids(url: str, routing_key: str, message: aio_pika.Message, ids: list[bytes]) -> None:
-    """Publish a copy of `message` per id in `ids` (mandatory, confirmed), in that order.
-
-    `bench.raw_amqp.fill` with the ids chosen by the caller, who needs to know them."""
-    exchange = load_topology().exchange
-    template = RawPublisher.template(exchange, routing_key, message)
-    publisher = RawPublisher(url)
-    try:
-        while publisher.sent < len(ids):
-            room = min(CHUNK, len(ids) - publisher.sent, WINDOW - publisher.unconfirmed)
-            if room <= 0:
-                publisher.poll(None)
-                continue
-            chunk = ids[publisher.sent : publisher.sent + room]
-            publisher.send(b"".join(template.frames(id_, message.body) for id_ in chunk), room)
-            publisher.poll(0)
-        publisher.wait_confirmed()
-    finally:
-        publisher.close()
+    """Publish a copy of `message` per id in `ids` (mandatory, confirmed), in that order."""
+    fill(url, load_topology().exchange, routing_key, message, len(ids), ids)
 
 
 def stream_disk_bytes(broker: BenchBroker) -> int | None:

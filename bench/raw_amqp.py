@@ -215,12 +215,20 @@ def message_ids(count: int, start: int = 0) -> list[bytes]:
     return [f"{nonce}{n:020x}".encode() for n in range(start, start + count)]
 
 
-def fill(url: str, exchange: str, routing_key: str, message: aio_pika.Message, count: int) -> None:
-    """Publish `count` copies of `message` (mandatory, confirmed), each with its own id."""
+def fill(
+    url: str,
+    exchange: str,
+    routing_key: str,
+    message: aio_pika.Message,
+    count: int,
+    ids: list[bytes] | None = None,
+) -> None:
+    """Publish `count` copies of `message` (mandatory, confirmed), each with its own id: the
+    caller's `ids`, in that order, when it must know them."""
     if count <= 0:
         return
     template = RawPublisher.template(exchange, routing_key, message)
-    ids = message_ids(count)
+    ids = message_ids(count) if ids is None else ids
     publisher = RawPublisher(url)
     try:
         while publisher.sent < count:
