@@ -53,15 +53,22 @@ def _fill(broker: BenchBroker, priorities: list[int]) -> None:
     time.sleep(0.5)  # let the queues settle after the burst
 
 
+def drain_window(record: dict[str, Any]) -> tuple[float, float, float, float]:
+    """A drain's seconds, consumer and broker CPU seconds, and the other processes' cores,
+    from its WARMUP-th message to its last (as a `WorkerProcess` records them)."""
+    seconds = record["last_at"] - record["first_at"]
+    consumer_cpu = record["last_cpu"] - record["first_cpu"]
+    broker_cpu = record["last_broker_cpu"] - record["first_broker_cpu"]
+    busy = record["last_machine_busy"] - record["first_machine_busy"]
+    return seconds, consumer_cpu, broker_cpu, (busy - consumer_cpu - broker_cpu) / seconds
+
+
 def _drain(broker: BenchBroker, name: str, config: WorkerConfig) -> dict[str, Any]:
     wait_for_quiet()
     with WorkerProcess(config) as worker:
         record = worker.wait(timeout=300)
     handled = MESSAGES - WARMUP
-    seconds = record["last_at"] - record["first_at"]
-    consumer_cpu = record["last_cpu"] - record["first_cpu"]
-    broker_cpu = record["last_broker_cpu"] - record["first_broker_cpu"]
-    busy = record["last_machine_busy"] - record["first_machine_busy"]
+    seconds, consumer_cpu, broker_cpu, others = drain_window(record)
     return {
         "name": name,
         "rate": handled / seconds,
@@ -69,7 +76,7 @@ def _drain(broker: BenchBroker, name: str, config: WorkerConfig) -> dict[str, An
         "consumer_cpu_s": consumer_cpu,
         "broker_cpu_s": broker_cpu,
         "consumer_us_per_msg": consumer_cpu / handled * 1e6,
-        "other_cores": (busy - consumer_cpu - broker_cpu) / seconds,
+        "other_cores": others,
     }
 
 

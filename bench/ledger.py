@@ -32,6 +32,7 @@ from bandgate.core import ledger
 from bandgate.core.ledger_follower import LedgerFollower
 from bandgate.topology import naming, wire
 from bandgate.topology.loader import load_topology
+from bench.consume import drain_window
 from bench.environment import BenchBroker, wait_for_quiet
 from bench.ledger_escalate import run_escalate
 from bench.ledger_stage import ledger_publisher, reset_ledger, stream_disk_bytes, write_entries
@@ -193,15 +194,12 @@ def _drain(name: str, config: WorkerConfig, tombstones: int) -> dict[str, Any]:
     if record.get("ledger_entries", 0) < tombstones:
         raise RuntimeError(f"{name}: the worker knew {record.get('ledger_entries')} entries")
     handled = MESSAGES - WARMUP
-    seconds = record["last_at"] - record["first_at"]
-    consumer_cpu = record["last_cpu"] - record["first_cpu"]
-    broker_cpu = record["last_broker_cpu"] - record["first_broker_cpu"]
-    busy = record["last_machine_busy"] - record["first_machine_busy"]
+    seconds, consumer_cpu, broker_cpu, others = drain_window(record)
     return {
         "name": name,
         "rate": handled / seconds,
         "consumer_us_per_msg": consumer_cpu / handled * 1e6,
         "broker_us_per_msg": broker_cpu / handled * 1e6,
-        "other_cores": (busy - consumer_cpu - broker_cpu) / seconds,
+        "other_cores": others,
         "ledger_entries": record.get("ledger_entries", 0),  # at the end of the drain
     }

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from bandgate.core.ledger import CATCHUP_SECONDS
 from bandgate.topology import naming
 from bandgate.topology.settings import BrokerSettings
 
@@ -69,7 +70,7 @@ class WorkerSettings(BrokerSettings):
         "skipped (off: every copy runs, and `dedupe` cannot work)",
     )
     ledger_catchup_seconds: float = Field(
-        default=60.0,
+        default=CATCHUP_SECONDS,
         gt=0,
         description="at start-up, how long to wait for the ledger to be read up to now; past "
         "it the worker starts anyway and says it does not follow the ledger",

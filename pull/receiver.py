@@ -124,7 +124,7 @@ class PullQueue:
             queue=spec.name,
             concurrency=leases,
             retry=spec.retry,
-            # A band may lease up to every slot; a fixed prefetch also keeps the cold boost off.
+            # A band may lease up to every slot; a fixed prefetch also keeps the headroom off.
             prefetch_overrides={band.name: leases for band in spec.bands},
         )
         self.runner = ConsumerRunner(

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from bandgate.core.ledger import CATCHUP_SECONDS
+
 # SQS's bounds, which HTTP clients of queues know: visibility up to 12 hours, long polls up to
 # 20 s, 10 messages per receive.
 MAX_VISIBILITY_SECONDS = 43_200
@@ -40,7 +42,7 @@ class PullSettings(BaseSettings):
         description="how long a process keeps consuming after its last waiting receive",
     )
     ledger_catchup_seconds: float = Field(
-        default=60.0,
+        default=CATCHUP_SECONDS,
         gt=0,
         description="at the first receive, how long to wait for the tombstone ledger to be "
         "read up to now; past it receivers serve anyway, and /readyz says they do not follow it",
