@@ -13,7 +13,8 @@ from bandgate.gateway.auth import TokenSpec, hash_token
 from bandgate.gateway.settings import GatewaySettings
 from bandgate.topology.model import Topology
 
-pytestmark = pytest.mark.integration
+# The HTTP edge (or a CLI over it): the broker matrix leaves it to `make test`.
+pytestmark = [pytest.mark.integration, pytest.mark.broker_independent]
 
 PUBLISHER = "publisher-secret"
 READER = "reader-secret"

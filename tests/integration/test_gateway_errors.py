@@ -12,7 +12,8 @@ from aio_pika.abc import AbstractRobustConnection
 from bandgate.topology.model import Topology
 from tests.integration.conftest import queue_depths
 
-pytestmark = pytest.mark.integration
+# The HTTP edge (or a CLI over it): the broker matrix leaves it to `make test`.
+pytestmark = [pytest.mark.integration, pytest.mark.broker_independent]
 
 JSON = {"content-type": "application/json"}
 ONE = "/v1/queues/orders/messages"

@@ -57,7 +57,8 @@ from bandgate.topology.model import Topology
 from tests.integration.conftest import queue_depths
 from tests.integration.live_gateway import LiveGateway
 
-pytestmark = pytest.mark.integration
+# The HTTP edge (or a CLI over it): the broker matrix leaves it to `make test`.
+pytestmark = [pytest.mark.integration, pytest.mark.broker_independent]
 
 ADMIN = "admin-secret"
 PUBLISHER = "publisher-secret"  # publish:orders

@@ -21,7 +21,8 @@ import pytest
 
 from bandgate.ops.local_broker import free_port
 
-pytestmark = pytest.mark.integration
+# The HTTP edge (or a CLI over it): the broker matrix leaves it to `make test`.
+pytestmark = [pytest.mark.integration, pytest.mark.broker_independent]
 
 TOPOLOGY = """
 exchange = "bandgate"

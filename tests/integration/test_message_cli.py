@@ -27,7 +27,8 @@ from tests.broker import TestBroker
 from tests.integration.ledger_reader import entries_through
 from tests.integration.live_gateway import LiveGateway
 
-pytestmark = pytest.mark.integration
+# The HTTP edge (or a CLI over it): the broker matrix leaves it to `make test`.
+pytestmark = [pytest.mark.integration, pytest.mark.broker_independent]
 
 BANDGATE = str(Path(sys.executable).parent / "bandgate")
 PUBLISHER = "cli-publisher"  # publish:*

@@ -29,7 +29,8 @@ from tests.broker import TestBroker
 from tests.integration.conftest import queue_depths
 from tests.integration.live_gateway import LiveGateway
 
-pytestmark = pytest.mark.integration
+# The HTTP edge (or a CLI over it): the broker matrix leaves it to `make test`.
+pytestmark = [pytest.mark.integration, pytest.mark.broker_independent]
 
 BANDGATE = str(Path(sys.executable).parent / "bandgate")
 CONSUMER = "cli-consumer-secret"
