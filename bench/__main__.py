@@ -38,7 +38,7 @@ BENCHMARKS: dict[str, Runner] = {
     "memory": lambda broker, args: run_memory(broker),
     "native": lambda broker, args: run_native(broker),
     "shards": lambda broker, args: run_shards(broker),
-    "pull": lambda broker, args: run_pull(broker, args.messages),
+    "pull": lambda broker, args: run_pull(broker, args.messages, args.only),
     "ledger": lambda broker, args: run_ledger(broker),
 }
 
@@ -92,7 +92,8 @@ def main() -> None:
         "--only",
         metavar="WORDS",
         help="priority: run only the contenders whose names contain one of these "
-        "comma-separated words, e.g. bandgate,celery (case-insensitive)",
+        "comma-separated words, e.g. bandgate,celery (case-insensitive); pull: only these "
+        "parts (drain, wake, hot)",
     )
     parser.add_argument(
         "--rabbitmq",

@@ -89,7 +89,9 @@ class Stage:
         return asyncio.run(_ready(self.broker.amqp_url, self.bands))
 
 
-def run_pull(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
+def run_pull(broker: BenchBroker, messages: int, only: str | None = None) -> list[dict[str, Any]]:
+    """Every part, or those `only` names (comma-separated: drain, wake, hot)."""
+    wanted = {word.strip() for word in (only or "drain,wake,hot").split(",")}
     bands = asyncio.run(reset_bands(broker))
     with gateway_process(broker) as (port, gateway_pid):
         _wait_ready(port)
@@ -102,6 +104,8 @@ def run_pull(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
                 "hot": lambda: _hot(stage),
             }
             for name, part in parts.items():  # with the time each took: a busy machine shows
+                if name not in wanted:
+                    continue
                 started = time.monotonic()
                 rows += part()
                 print(f"pull: {name} took {time.monotonic() - started:.0f} s", flush=True)

@@ -93,8 +93,8 @@ def trace_picks(runner: ConsumerRunner, picks: Picks) -> None:
     dispatcher = runner.dispatcher
     take_nowait = dispatcher.take_nowait
 
-    def traced() -> tuple[int, Delivery] | None:
-        taken = take_nowait()
+    def traced(headroom: bool = True) -> tuple[int, Delivery] | None:
+        taken = take_nowait(headroom)
         if taken is None:
             return None
         started = taken[1]

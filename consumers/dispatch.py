@@ -274,6 +274,10 @@ class Dispatcher(Generic[T]):
         self._dry_since[band] = None
         self._changed.set()
 
+    def reconsider(self) -> None:
+        """What the headroom admits changed outside the dispatcher: waiting takes look again."""
+        self._changed.set()
+
     def done(self, band: int, item: T) -> None:
         """The slot running `item` (taken from `band`) is free again."""
         self._running -= 1
@@ -300,9 +304,10 @@ class Dispatcher(Generic[T]):
                 self._dry_since[band] = None
         return waiting
 
-    def take_nowait(self) -> tuple[int, T] | None:
+    def take_nowait(self, headroom: bool = True) -> tuple[int, T] | None:
         """Claim a slot for the message the policy picks, or None (no slot, nothing at hand,
-        or the pick is a band still waiting for its refill)."""
+        or the pick is a band still waiting for its refill); `headroom=False` may take the
+        coldest band's message inside the headroom (an HTTP receive filling its batch)."""
         if self._closed or self._running >= self.concurrency:
             return None
         heads = [
@@ -317,6 +322,7 @@ class Dispatcher(Generic[T]):
         head = heads[band]
         if (
             band == self._coldest
+            and headroom
             and self.headroom is not None
             and not self.headroom.admits(self._running, self._running - self._hotter_running)
         ):

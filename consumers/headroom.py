@@ -19,6 +19,10 @@ more than one band, the coldest band's default prefetch (an override keeps that 
 no headroom), one competing consumer queue for it (not sharded, not ordered), and
 `idle_after` > 0 (0 keeps the coldest band at its small prefetch, as before the headroom).
 
+The slots are the worker's concurrency `C`. For HTTP receivers (`bandgate.pull`) they are the
+seats clients ask for, which change with every request: `slots(running)` gives them, and the
+floor and the cap follow.
+
 This replaced the cold boost, which resized the coldest band's prefetch (re-subscribing it on
 the broker) between `max(2, C // 4)` and `2C`: under a hot trickle the boost never came, so
 cold work ran on a quarter of the slots. Here nothing talks to the broker: the reserve changes
@@ -34,6 +38,12 @@ from collections.abc import Callable
 
 AVERAGE_SECONDS = 1.0  # time constant of the hotter bands' busy-slot average
 MARGIN = 3.0  # standard deviations of Poisson arrivals kept free above the average
+IDLE_AFTER = 0.5  # default seconds without a hotter arrival before cold work fills every slot
+
+
+def floor(slots: int) -> int:
+    """The slots the coldest band may always hold, however busy hotter bands are."""
+    return max(2, slots // 4)
 
 
 class Headroom:
@@ -44,10 +54,12 @@ class Headroom:
         idle_after: float,
         quiet_after: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        slots: Callable[[int], int] | None = None,
     ) -> None:
+        """`slots(running)`: the slots there are while `running` are busy (default: a fixed
+        `concurrency`)."""
         self.concurrency = concurrency
-        self.floor = max(2, concurrency // 4)
-        self.limit = max(0, concurrency - self.floor)
+        self._slots = slots
         self.idle_after = idle_after
         self.quiet_after = min(quiet_after, idle_after)
         self._clock = clock
@@ -78,13 +90,16 @@ class Headroom:
     def admits(self, running: int, cold_running: int) -> bool:
         """Whether a free slot may start a cold message, with `running` slots busy of which
         `cold_running` run cold ones."""
-        return cold_running < self.floor or running + self.reserve() < self.concurrency
+        slots = self.concurrency if self._slots is None else self._slots(running)
+        return cold_running < floor(slots) or running + self.reserve(slots) < slots
 
-    def reserve(self) -> int:
+    def reserve(self, slots: int | None = None) -> int:
+        """Slots to keep free of cold work, of `slots` (default: the concurrency)."""
         if self.idle_until() is None:
             return 0
+        slots = self.concurrency if slots is None else slots
         load = self.load()
-        return min(self.limit, math.ceil(load + MARGIN * math.sqrt(load)) + 1)
+        return min(max(0, slots - floor(slots)), math.ceil(load + MARGIN * math.sqrt(load)) + 1)
 
     def idle_until(self) -> float | None:
         """When the reserve drops to 0 for want of hotter arrivals (None: it is 0 now)."""
@@ -100,4 +115,4 @@ class Headroom:
         self._since = now
 
 
-__all__ = ["Headroom"]
+__all__ = ["IDLE_AFTER", "Headroom", "floor"]

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -49,7 +50,7 @@ from bandgate.consumers.consumer import Consumer
 from bandgate.consumers.delivery import Delivery, dispatch_key, shard_merge
 from bandgate.consumers.dispatch import Dispatcher, DispatcherClosed, make_policy, shard_prefetch
 from bandgate.consumers.handback import HandBack
-from bandgate.consumers.headroom import Headroom
+from bandgate.consumers.headroom import IDLE_AFTER, Headroom
 from bandgate.consumers.intake import Intake
 from bandgate.consumers.lifetime import Lifetime
 from bandgate.consumers.options import keeps_headroom
@@ -78,14 +79,17 @@ class ConsumerRunner:
         prime_timeout: float = 2.0,
         refill_wait: float = 0.1,
         share_interval: float = 1.0,
-        headroom_after: float = 0.5,
+        headroom_after: float = IDLE_AFTER,
         telemetry: ConsumerTelemetry | None = None,
         resubscribe_interval: float = 1.0,
         merge_shards: bool = True,
         tombstones: Tombstones | None = None,
+        slots: Callable[[int], int] | None = None,
     ) -> None:
         """`merge_shards=False` takes a sharded band's messages in arrival order, as before
-        `consumers.merge`: for measuring the merge (bench/shards.py), not a setting."""
+        `consumers.merge`: for measuring the merge (bench/shards.py), not a setting.
+        `slots(running)`: the headroom's slots, where they are not the concurrency (HTTP
+        receivers: the seats their clients ask for)."""
         spec = consumer.spec
         self.consumer = consumer
         self.spec = spec
@@ -93,7 +97,9 @@ class ConsumerRunner:
         self.concurrency = concurrency or consumer.options.concurrency
         self.prefetch = consumer.options.prefetch(spec, self.concurrency)
         self.headroom = (
-            Headroom(self.concurrency, idle_after=headroom_after, quiet_after=refill_wait)
+            Headroom(
+                self.concurrency, idle_after=headroom_after, quiet_after=refill_wait, slots=slots
+            )
             if keeps_headroom(spec, consumer.options, self.prefetch, headroom_after)
             else None
         )

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from bandgate.consumers.headroom import IDLE_AFTER
 from bandgate.core.ledger import CATCHUP_SECONDS
 from bandgate.topology import naming
 from bandgate.topology.settings import BrokerSettings
@@ -39,7 +40,7 @@ class WorkerSettings(BrokerSettings):
         "it starts colder work (quorum queues can take tens of ms to process an ack)",
     )
     cold_boost_seconds: float = Field(
-        default=0.5,
+        default=IDLE_AFTER,
         ge=0,
         description="once no hotter message arrived for this long, the coldest band may fill "
         "every slot; until then it leaves a headroom sized from hotter work's use of the "

@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from bandgate.consumers.delivery import Delivery
 from bandgate.consumers.message import Message
 from bandgate.consumers.outcome import Outcome
+from bandgate.consumers.telemetry import ConsumerTelemetry
+from bandgate.core.telemetry import Telemetry
 from bandgate.pull.receipts import Receipt, ReceiptError, Signer
 
 
@@ -131,10 +133,29 @@ class LeaseBook:
         return len(self._leases)
 
 
+class Settlements(ConsumerTelemetry):
+    """The pipeline's telemetry, which also tells a settling client what its message came to.
+
+    The pipeline reports each handler run's outcome once it is settled (its retry or dead-letter
+    copy confirmed); on an ordered queue a retry in place is reported before its back-off, while
+    the pipeline task goes on holding the message."""
+
+    def __init__(self, telemetry: Telemetry | None) -> None:
+        super().__init__(telemetry)
+        self.awaited: dict[int, asyncio.Future[Outcome]] = {}  # by id() of the handler's Message
+
+    def finished(self, message: Message, outcome: Outcome, seconds: float | None) -> None:
+        super().finished(message, outcome, seconds)
+        waiting = self.awaited.pop(id(message), None)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(outcome)
+
+
 __all__ = [
     "Acked",
     "Lapsed",
     "Lease",
+    "Settlements",
     "LeaseBook",
     "LeaseGone",
     "Released",

@@ -1,9 +1,8 @@
 """One queue consumed over HTTP: the worker library's consumer, with a handler that parks.
 
-An HTTP receiver is a `ConsumerRunner` (`bandgate.consumers.runner`) without a run loop: the
-bands are consumed, buffered and picked by the same `Dispatcher` (waterfall, partition keys,
-shard merge), and every message goes through the same pipeline (delivery limit, retries,
-dead-letters, metrics, traces). What differs:
+An HTTP receiver is a `ConsumerRunner` without a run loop: the same `Dispatcher` (waterfall,
+partition keys, shard merge) and pipeline (delivery limit, retries, dead-letters, metrics,
+traces). What differs:
 
 - a waiting `receive` takes from the dispatcher (a slot is a lease: `BANDGATE_PULL_MAX_LEASES`
   per queue and process) and starts the message's pipeline, as the run loop would;
@@ -11,20 +10,21 @@ dead-letters, metrics, traces). What differs:
   an ack returns, a release raises `Retry` (a failed attempt: back-off, then the dead-letter
   queue after `max_attempts`) or `Reject` (dead-letter now), a lapse raises `Requeue` (back
   in its queue at once, counted as a delivery, so `max_deliveries` applies);
+- the headroom's slots (`consumers.headroom`) are the open leases and the receives waiting
+  for a first message: a cold first message leaves enough receives waiting for hotter ones,
+  as a worker keeps free slots (a batch then takes what is at hand, cold or not);
 - while no client waits, the receiver pauses after `linger_seconds`: it stops consuming, so
   new messages go to gateway processes whose clients wait. On RabbitMQ 4.3 it also gives back
   what it holds unleased (a nack, which 4.3 does not count as a delivery). Earlier versions
-  count every return, and a client that polls, then sleeps, would see its messages
-  dead-lettered for `delivery-limit` after a few pauses: there the held messages stay for the
-  next `receive` that reaches this process. A `receive` resumes it, hottest band first, each
-  band's first prefetch in hand before the next (as a worker starts), so the order of a
-  backlog is strict from the first `receive` on. Ordered queues (single active consumer)
-  never pause.
+  count every return (a client that polls, then sleeps, would see its messages dead-lettered
+  for `delivery-limit`): there the held messages stay for the next `receive` here. A
+  `receive` resumes it, hottest band first, each band's first prefetch in hand before the
+  next (as a worker starts), so a backlog's order is strict from the first `receive` on.
+  Ordered queues (single active consumer) never pause.
 
-On an ordered queue a release is retried in place (`consumers.ordering`): the pipeline keeps the
-message and its partition key, and after the back-off runs the handler again, which offers the
-message to the next `receive` before anything from the dispatcher (a "rerun"). A key is never
-handed out while one of its messages is leased or waiting to be re-run.
+On an ordered queue a release is retried in place (`consumers.ordering`): after the back-off the
+pipeline runs the handler again, which offers the message to the next `receive` before anything
+else (a "rerun"). A key is never handed out while one of its messages is leased or re-run.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import collections
 import contextvars
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aio_pika.abc import AbstractConnection
 
@@ -42,14 +42,21 @@ from bandgate.consumers.consumer import Consumer
 from bandgate.consumers.delivery import Delivery
 from bandgate.consumers.errors import Reject, Requeue, Retry
 from bandgate.consumers.message import Message
-from bandgate.consumers.options import ConsumerOptions
+from bandgate.consumers.options import ConsumerOptions, keeps_headroom
 from bandgate.consumers.outcome import Outcome
 from bandgate.consumers.runner import ConsumerRunner
 from bandgate.consumers.settle import Settler
-from bandgate.consumers.telemetry import ConsumerTelemetry
 from bandgate.consumers.tombstones import Tombstones
 from bandgate.core.telemetry import Telemetry
-from bandgate.pull.leases import Lapsed, Lease, LeaseBook, LeaseGone, Released, Verdict
+from bandgate.pull.leases import (
+    Lapsed,
+    Lease,
+    LeaseBook,
+    LeaseGone,
+    Released,
+    Settlements,
+    Verdict,
+)
 from bandgate.pull.settings import PullSettings
 from bandgate.topology.model import QueueSpec
 
@@ -77,24 +84,6 @@ class _Rerun:
     leased: asyncio.Future[Lease]
 
 
-class _Settlements(ConsumerTelemetry):
-    """The pipeline's telemetry, which also tells a settling client what its message came to.
-
-    The pipeline reports each handler run's outcome once it is settled (its retry or dead-letter
-    copy confirmed); on an ordered queue a retry in place is reported before its back-off, while
-    the pipeline task goes on holding the message."""
-
-    def __init__(self, telemetry: Telemetry | None) -> None:
-        super().__init__(telemetry)
-        self.awaited: dict[int, asyncio.Future[Outcome]] = {}  # by id() of the handler's Message
-
-    def finished(self, message: Message, outcome: Outcome, seconds: float | None) -> None:
-        super().finished(message, outcome, seconds)
-        waiting = self.awaited.pop(id(message), None)
-        if waiting is not None and not waiting.done():
-            waiting.set_result(outcome)
-
-
 # Set around starting a message's pipeline task, whose context copies it for the handler.
 _HANDOFF: contextvars.ContextVar[_Handoff] = contextvars.ContextVar("bandgate_pull_handoff")
 
@@ -111,22 +100,28 @@ class PullQueue:
         count_returns: bool = True,
         tombstones: Tombstones | None = None,
     ) -> None:
-        """`count_returns`: the broker counts every return as a delivery (before 4.3);
-        `tombstones`: the ledger, whose cancelled and superseded copies are never leased."""
+        """`count_returns`: every return counts as a delivery (before 4.3); `tombstones`."""
         self.spec = spec
         self.count_returns = count_returns
         self.book = book
         self.settings = settings
-        self.settlements = _Settlements(telemetry)
+        self.settlements = Settlements(telemetry)
         self._leased = telemetry.series(telemetry.leased, spec.name) if telemetry else None
         leases = settings.max_leases
+        # Every band may lease every slot; the coldest shares them through the headroom where
+        # it applies (see `_seats`), elsewhere a fixed prefetch keeps the headroom off.
+        coldest = spec.bands[-1].name
         options = ConsumerOptions(
             queue=spec.name,
             concurrency=leases,
             retry=spec.retry,
-            # A band may lease up to every slot; a fixed prefetch also keeps the headroom off.
-            prefetch_overrides={band.name: leases for band in spec.bands},
+            prefetch_overrides={band.name: leases for band in spec.bands if band.name != coldest},
         )
+        boost = settings.cold_boost_seconds
+        if not keeps_headroom(spec, options, options.prefetch(spec), boost):
+            every = {band.name: leases for band in spec.bands}
+            options = replace(options, prefetch_overrides=every)
+        self._empty: set[object] = set()  # receives waiting with no message yet
         self.runner = ConsumerRunner(
             Consumer(self._park, spec, options),
             connection,
@@ -134,6 +129,8 @@ class PullQueue:
             concurrency=leases,
             telemetry=self.settlements,
             tombstones=tombstones,
+            headroom_after=boost,
+            slots=self._seats,
         )
         self._waiting = 0
         self._paused = False
@@ -159,6 +156,9 @@ class PullQueue:
         stop early once the payloads reach the response budget or `allowance()` (leases the
         owner may still open) is used up."""
         self._waiting += 1
+        seat = object()
+        self._empty.add(seat)
+        self.runner.dispatcher.reconsider()  # a seat more: a held-back cold lease may go
         if self._pause_timer is not None:
             self._pause_timer.cancel()
             self._pause_timer = None
@@ -166,7 +166,7 @@ class PullQueue:
         try:
             await self._resume()
             deadline = asyncio.get_running_loop().time() + wait
-            return await self._fill(leases, count, deadline, visibility, owner, allowance)
+            return await self._fill(seat, leases, count, deadline, visibility, owner, allowance)
         except asyncio.CancelledError:
             # Nobody will see these receipts: give the messages back now, uncounted.
             for lease in leases:
@@ -175,12 +175,18 @@ class PullQueue:
                     lease.task.cancel()
             raise
         finally:
+            self._empty.discard(seat)
             self._waiting -= 1
             if not self._waiting:
                 self._idle()
 
+    def _seats(self, running: int) -> int:
+        """The headroom's slots: open leases, and receives waiting for a first message."""
+        return running + len(self._empty)
+
     async def _fill(
         self,
+        seat: object,
         leases: list[Lease],
         count: int,
         deadline: float,
@@ -196,10 +202,12 @@ class PullQueue:
                 lease = self._open(rerun.message, rerun.delivery, rerun.task, visibility, owner)
                 rerun.leased.set_result(lease)
                 leases.append(lease)
+                self._empty.discard(seat)
                 size += len(rerun.delivery.incoming.body)
                 continue
             if leases:
-                taken = dispatcher.take_nowait()
+                # A batch returns at once: what it takes keeps no receive waiting, headroom or not.
+                taken = dispatcher.take_nowait(headroom=False)
                 if taken is None:
                     break  # what is at hand now is all this response gets
             else:
@@ -209,7 +217,10 @@ class PullQueue:
                     break
                 if taken is None:
                     continue  # a rerun is ready
+                self._empty.discard(seat)  # counted as a lease from now on
             leased = await self._lease(*taken, visibility, owner)
+            if leased is None and not leases:
+                self._empty.add(seat)  # settled without a lease: still waiting for a first
             if leased is not None:
                 leases.append(leased)
                 size += len(taken[1].incoming.body)

@@ -269,6 +269,51 @@ async def test_an_empty_wait_returns_an_empty_list_after_the_wait(pull: httpx.As
     assert 0.45 < time.monotonic() - started < 3
 
 
+@pytest.fixture
+async def kept(
+    gateway_settings: GatewaySettings, topology: Topology
+) -> AsyncIterator[httpx.AsyncClient]:
+    """Receivers whose headroom lasts 30 s after a hotter arrival, so that the test does
+    not race its end (`BANDGATE_PULL_COLD_BOOST_SECONDS`)."""
+    settings = PullSettings(linger_seconds=0.05, cold_boost_seconds=30)
+    app = create_app(gateway_settings, topology, pull=settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://gateway", timeout=30
+        ) as http:
+            yield http
+
+
+async def test_cold_leases_leave_receives_waiting_for_hot_messages(
+    kept: httpx.AsyncClient,
+) -> None:
+    """Twelve receives ask while a cold backlog is at hand and hot work flows: some are
+    kept waiting (the headroom), and the next hot message goes to one of them at once.
+    Without the headroom every receive takes a cold message and the hot one waits for the
+    next receive."""
+    for index in range(20):
+        await publish(kept, "orders", payload={"cold": index}, priority=1)
+    await publish(kept, "orders", payload={"hot": 0}, priority=8)
+    [first] = await receive(kept, "orders", wait_seconds=2, visibility_timeout=60)
+    assert first["payload"] == {"hot": 0}  # a hot arrival: the headroom is on
+    asking = [
+        asyncio.create_task(
+            receive(kept, "orders", max_messages=1, wait_seconds=3, visibility_timeout=60)
+        )
+        for _ in range(12)
+    ]
+    await asyncio.wait(asking, return_when=asyncio.FIRST_COMPLETED)  # cold under the floor
+    await publish(kept, "orders", payload={"hot": 1}, priority=8)
+    got = [message for messages in await asyncio.gather(*asking) for message in messages]
+    assert {"hot": 1} in [message["payload"] for message in got]
+    cold = [message for message in got if message["band"] == "cold"]
+    assert 2 <= len(cold) <= 11  # the floor at least; never every receive
+    for message in [first, *got]:
+        response = await kept.delete(f"/v1/queues/orders/receipts/{message['receipt']}")
+        assert response.status_code == 204
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "code"),
     [

@@ -98,3 +98,35 @@ def test_under_saturation_cold_work_keeps_its_floor_of_free_slots() -> None:
     assert room.admits(running=15, cold_running=3)
     assert not room.admits(running=15, cold_running=4)  # floor (C // 4) reached: reserve rules
     assert not room.admits(running=13, cold_running=4)
+
+
+def test_slots_that_change_with_the_running_count_set_the_floor_and_the_reserve() -> None:
+    """HTTP receivers: the slots are the open leases plus the receives waiting for a first
+    message (`bandgate.pull.receiver`), so they change with every request."""
+    clock = Clock()
+    waiting = 0
+    room = Headroom(256, idle_after=0.5, clock=clock, slots=lambda running: running + waiting)
+    room.hotter_arrived()  # reserve: 1 (no hotter slot busy yet)
+    waiting = 1
+    assert room.admits(running=0, cold_running=0)  # under the floor of max(2, 1 // 4) = 2
+    assert not room.admits(running=10, cold_running=10)  # the only waiting receive is kept
+    waiting = 2
+    assert room.admits(running=10, cold_running=10)  # one stays waiting after this one
+    assert room.reserve(slots=12) == 1
+    clock.now += 0.6  # no hotter arrival since: every waiting receive may take cold work
+    waiting = 1
+    assert room.admits(running=10, cold_running=10)
+
+
+def test_a_batch_fill_may_take_cold_work_inside_the_headroom() -> None:
+    clock = Clock()
+    room = Headroom(4, idle_after=0.5, clock=clock)
+    dispatch: Dispatcher[str] = Dispatcher(2, StrictPolicy(), 4, clock=clock, headroom=room)
+    for n in range(5):
+        dispatch.put(1, f"cold{n}")
+    room.hotter_arrived()  # reserve 1: the fourth slot stays free
+    assert [dispatch.take_nowait() for _ in range(4)] == [
+        (1, "cold0"), (1, "cold1"), (1, "cold2"), None,
+    ]  # fmt: skip
+    assert dispatch.take_nowait(headroom=False) == (1, "cold3")
+    assert dispatch.take_nowait(headroom=False) is None  # no slot left at all
