@@ -4,6 +4,7 @@ the delivery limit, long polls and bad input (`bandgate.pull`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -48,17 +49,26 @@ def topology() -> Topology:
     )
 
 
+@contextlib.asynccontextmanager
+async def served(
+    settings: GatewaySettings, topology: Topology, pull: PullSettings, **client: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of a gateway app with these settings, served in this process."""
+    app = create_app(settings, topology, pull=pull)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://gateway", timeout=30, **client
+        ) as http:
+            yield http
+
+
 @pytest.fixture
 async def pull(
     gateway_settings: GatewaySettings, topology: Topology
 ) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(gateway_settings, topology, pull=PullSettings(linger_seconds=0.05))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://gateway", timeout=30
-        ) as http:
-            yield http
+    async with served(gateway_settings, topology, PullSettings(linger_seconds=0.05)) as http:
+        yield http
 
 
 async def publish(http: httpx.AsyncClient, queue: str, **message: Any) -> str:
@@ -276,13 +286,8 @@ async def kept(
     """Receivers whose headroom lasts 30 s after a hotter arrival, so that the test does
     not race its end (`BANDGATE_PULL_COLD_BOOST_SECONDS`)."""
     settings = PullSettings(linger_seconds=0.05, cold_boost_seconds=30)
-    app = create_app(gateway_settings, topology, pull=settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://gateway", timeout=30
-        ) as http:
-            yield http
+    async with served(gateway_settings, topology, settings) as http:
+        yield http
 
 
 async def test_cold_leases_leave_receives_waiting_for_hot_messages(
@@ -437,16 +442,9 @@ async def limited(
         }
     )
     pull_settings = PullSettings(max_leases_per_token=3, max_response_bytes=1024)
-    app = create_app(settings, topology, pull=pull_settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport,
-            base_url="http://gateway",
-            timeout=30,
-            headers={"authorization": f"Bearer {CONSUMER}"},
-        ) as http:
-            yield http
+    bearer = {"authorization": f"Bearer {CONSUMER}"}
+    async with served(settings, topology, pull_settings, headers=bearer) as http:
+        yield http
 
 
 async def test_receiving_needs_the_consume_scope(limited: httpx.AsyncClient) -> None:

@@ -62,12 +62,18 @@ def test_saturating_hotter_work_leaves_the_coldest_band_its_old_share() -> None:
     assert room.reserve() == C - C // 4  # capped: cold may still hold max(2, C // 4) slots
 
 
-def test_the_dispatcher_starts_cold_work_only_outside_the_reserve() -> None:
+def four_slots(cold: int) -> tuple[Clock, Headroom, Dispatcher[str]]:
+    """A dispatcher of 4 slots and two bands with `cold` messages at hand in the colder."""
     clock = Clock()
     room = Headroom(4, idle_after=0.5, clock=clock)
     dispatch: Dispatcher[str] = Dispatcher(2, StrictPolicy(), 4, clock=clock, headroom=room)
-    for n in range(10):
+    for n in range(cold):
         dispatch.put(1, f"cold{n}")
+    return clock, room, dispatch
+
+
+def test_the_dispatcher_starts_cold_work_only_outside_the_reserve() -> None:
+    clock, room, dispatch = four_slots(10)
     assert [dispatch.take_nowait() for _ in range(5)] == [
         (1, "cold0"), (1, "cold1"), (1, "cold2"), (1, "cold3"), None,
     ]  # fmt: skip
@@ -119,11 +125,7 @@ def test_slots_that_change_with_the_running_count_set_the_floor_and_the_reserve(
 
 
 def test_a_batch_fill_may_take_cold_work_inside_the_headroom() -> None:
-    clock = Clock()
-    room = Headroom(4, idle_after=0.5, clock=clock)
-    dispatch: Dispatcher[str] = Dispatcher(2, StrictPolicy(), 4, clock=clock, headroom=room)
-    for n in range(5):
-        dispatch.put(1, f"cold{n}")
+    _, room, dispatch = four_slots(5)
     room.hotter_arrived()  # reserve 1: the fourth slot stays free
     assert [dispatch.take_nowait() for _ in range(4)] == [
         (1, "cold0"), (1, "cold1"), (1, "cold2"), None,
