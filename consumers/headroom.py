@@ -74,8 +74,12 @@ class Headroom:
         self._last_hotter = self._clock()
 
     def hotter_drained(self) -> None:
-        """A hotter band's backlog ended on the broker: no reserve after `quiet_after`."""
+        """A hotter band's backlog ended on the broker: no reserve after `quiet_after`, and
+        until then one sized from the slots hotter work holds now. The average remembers the
+        backlog, which says nothing of what arrives next."""
         self._drained_at = self._clock()
+        self._advance()
+        self._average = float(self._busy)
 
     def hotter_busy(self, busy: int) -> None:
         """Hotter bands now hold `busy` slots (called at each of their starts and ends)."""

@@ -37,6 +37,22 @@ def test_a_drained_hotter_backlog_gives_the_slots_back_sooner() -> None:
     assert room.reserve() == 0
 
 
+def test_a_drained_backlog_leaves_a_reserve_for_what_still_runs_only() -> None:
+    clock = Clock()
+    room = Headroom(C, idle_after=0.5, quiet_after=0.1, clock=clock)
+    room.hotter_arrived()
+    room.hotter_busy(C)  # a warm backlog on every slot
+    clock.now += 2
+    room.hotter_arrived()
+    assert room.reserve() == C - C // 4
+    clock.now += 0.01
+    room.hotter_busy(1)  # its last messages finish
+    room.hotter_drained()
+    assert room.reserve() == 5  # ceil(1 + 3 * 1) + 1, no longer the backlog's average
+    clock.now += 0.11
+    assert room.reserve() == 0
+
+
 def test_the_reserve_follows_the_average_busy_slots_with_a_margin() -> None:
     clock = Clock()
     room = Headroom(C, idle_after=0.5, clock=clock)
