@@ -3,7 +3,10 @@
 A process reads the stream from the start of its retention, then follows it. To know when it
 has caught up, it writes a `mark` entry of its own and waits for it to come back: every entry
 written before the mark has been applied by then. After a reconnection it consumes again from
-the offset after the last one it applied. A process that cannot read the ledger says so: the
+the offset after the last one it applied, once a mark it writes is confirmed: a stream consumed
+a moment after a broker restart, before its writer started, makes RabbitMQ (seen on 4.3.6) close
+the whole connection with 541 INTERNAL_ERROR, and the gateway's publishers and receivers share
+it; a confirmed write says the writer runs. A process that cannot read the ledger says so: the
 `bandgate_ledger_following` gauge is 0, `problem` says why (the gateway's /readyz shows it),
 and a warning is logged; it keeps working, without skipping anything.
 """
@@ -33,6 +36,8 @@ log = logging.getLogger(__name__)
 PREFETCH = 2000
 ACK_EVERY = 200
 EXPIRE_EVERY_SECONDS = 60.0
+REOPEN_SECONDS = 30.0  # after a reconnection, for the stream's writer to run again
+REOPEN_RETRY_SECONDS = 0.2
 
 
 class LedgerFollower:
@@ -128,6 +133,7 @@ class LedgerFollower:
 
     async def _reopened(self, *_: Any) -> None:
         try:
+            await self._writer_runs()
             await self._consume()
         except Exception as exc:
             self._lost(f"cannot read the tombstone ledger {self.stream!r} again: {exc!r}")
@@ -135,6 +141,19 @@ class LedgerFollower:
         self.problem = None
         self._update_gauges()
         log.info("following the ledger again from offset %s", self._offset)
+
+    async def _writer_runs(self) -> None:
+        """Wait until a mark written to the stream is confirmed (see the module docstring);
+        the last failure once `REOPEN_SECONDS` have passed."""
+        deadline = asyncio.get_running_loop().time() + REOPEN_SECONDS
+        while True:
+            try:
+                await self.publisher.record(mark(f"reopen.{secrets.token_hex(8)}").encode())
+                return
+            except Exception:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(REOPEN_RETRY_SECONDS)
 
     def _lost(self, problem: str) -> None:
         self.problem = problem
