@@ -152,7 +152,8 @@ async def _publish_generation(
 
 
 def message_routes() -> list[BaseRoute]:
-    one = "/v1/queues/{queue}/messages/{message_id}"
+    # `:path`: an id may contain "/" (the server decodes %2F before routing).
+    one = "/v1/queues/{queue}/messages/{message_id:path}"
     return [
         Route(one, cancel, methods=["DELETE"]),
         Route(one, replace, methods=["PUT"]),

@@ -139,6 +139,26 @@ async def test_cancel_answers_202_and_writes_a_cancel_entry(
         await follower.close()
 
 
+@pytest.mark.parametrize("path_id", ["tenant/order-7", "tenant%2Forder-7"])
+async def test_an_id_with_a_slash_can_be_named_in_the_path(
+    client: httpx.AsyncClient, amqp: AbstractRobustConnection, topology: Topology, path_id: str
+) -> None:
+    await publish(client, "tenant/order-7", 0)
+    escalated = await client.post(
+        f"/v1/queues/orders/messages/{path_id}/escalate", json={"payload": {"v": 1}, "band": "hot"}
+    )
+    assert escalated.status_code == 201, escalated.text
+    assert escalated.json()["message_id"] == "tenant/order-7"
+    cancelled = await client.delete(f"/v1/queues/orders/messages/{path_id}")
+    assert cancelled.status_code == 202, cancelled.text
+    assert cancelled.json()["message_id"] == "tenant/order-7"
+    entries = await entries_through(amqp, topology, "cancel", "tenant/order-7")
+    assert [(op, message_id) for op, _, message_id, _ in entries] == [
+        ("replace", "tenant/order-7"),
+        ("cancel", "tenant/order-7"),
+    ]
+
+
 async def test_replace_publishes_a_new_generation_then_its_tombstone(
     client: httpx.AsyncClient, amqp: AbstractRobustConnection, topology: Topology
 ) -> None:

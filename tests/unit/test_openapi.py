@@ -4,6 +4,7 @@ schemas that accept what the gateway accepts and refuse what it refuses."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import jsonschema_rs
@@ -47,7 +48,7 @@ def test_the_document_is_valid_openapi_3_1() -> None:
 def test_every_route_the_app_serves_is_documented_and_nothing_else() -> None:
     app = create_app(SETTINGS, TOPOLOGY)
     served = {
-        (route.path, method.lower())
+        (re.sub(r":\w+}", "}", route.path), method.lower())  # a convertor ({id:path}) aside
         for route in app.routes
         if isinstance(route, Route) and route.path not in CONSOLE_PATHS
         for method in route.methods or ()

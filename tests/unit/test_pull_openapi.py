@@ -65,7 +65,7 @@ def test_the_document_is_valid_openapi_3_1() -> None:
 def test_every_route_the_app_serves_is_documented_and_nothing_else() -> None:
     app = create_app(SETTINGS, TOPOLOGY, pull=PULL)
     served = {
-        (route.path, method.lower())
+        (re.sub(r":\w+}", "}", route.path), method.lower())  # a convertor ({id:path}) aside
         for route in app.routes
         if isinstance(route, Route) and route.path not in CONSOLE_PATHS
         for method in route.methods or ()
