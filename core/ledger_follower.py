@@ -60,6 +60,7 @@ class LedgerFollower:
         self._unacked = 0
         self._mark = f"mark.{secrets.token_hex(12)}"
         self._expiry: asyncio.Task[None] | None = None
+        self._again: asyncio.Task[None] | None = None
         self._update_gauges()
 
     @property
@@ -131,7 +132,13 @@ class LedgerFollower:
         if self.caught_up.is_set() and self._channel is not None:
             self._lost("the ledger's channel closed; reading again once it reopens")
 
-    async def _reopened(self, *_: Any) -> None:
+    def _reopened(self, *_: Any) -> None:
+        """In a task of its own: the reconnection awaits this callback before it restores the
+        connection's next channel, and the publisher's, which the mark needs, may be one."""
+        if self._again is None or self._again.done():
+            self._again = asyncio.create_task(self._follow_again())
+
+    async def _follow_again(self) -> None:
         try:
             await self._writer_runs()
             await self._consume()
@@ -172,8 +179,9 @@ class LedgerFollower:
             self.telemetry.ledger_entries.set(len(self.view))
 
     async def close(self) -> None:
-        if self._expiry is not None:
-            self._expiry.cancel()
+        for task in (self._expiry, self._again):
+            if task is not None:
+                task.cancel()
         channel, self._channel = self._channel, None
         if channel is not None and not channel.is_closed:
             try:
