@@ -108,8 +108,7 @@ class PullQueue:
         self.settlements = Settlements(telemetry)
         self._leased = telemetry.series(telemetry.leased, spec.name) if telemetry else None
         leases = settings.max_leases
-        # Every band may lease every slot; the coldest shares them through the headroom where
-        # it applies (see `_seats`), elsewhere a fixed prefetch keeps the headroom off.
+        # Every band may lease every slot; the coldest shares them through the headroom (`_seats`).
         coldest = spec.bands[-1].name
         options = ConsumerOptions(
             queue=spec.name,
@@ -158,7 +157,8 @@ class PullQueue:
         self._waiting += 1
         seat = object()
         self._empty.add(seat)
-        self.runner.dispatcher.reconsider()  # a seat more: a held-back cold lease may go
+        if self.runner.headroom is not None:  # a seat more: a held-back cold lease may go
+            self.runner.dispatcher.reconsider()
         if self._pause_timer is not None:
             self._pause_timer.cancel()
             self._pause_timer = None
