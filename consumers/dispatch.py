@@ -30,18 +30,19 @@ handler duration, `R` = refill latency from ack to next delivery):
 - the coldest band: `P = 2C` too, but it shares the slots through a headroom
   (`consumers.headroom`): a cold message starts only while cold work holds fewer than
   `f = max(2, C // 4)` slots, or while at least `reserve` slots stay free after it, with
-  `reserve = min(C - f, ceil(m + 3 sqrt(m)) + 1)` and `m` the time-average of the slots hotter
-  bands hold (`m = lambda * d` for hotter arrivals at rate `lambda`: Little's law); and
-  `reserve = 0` after `cold_boost_seconds` (0.5 s) without a hotter arrival (the refill wait,
-  once a hotter backlog drained on the broker). Where the headroom does not apply (an override
-  `prefetch={"cold": n}`, a sharded or ordered coldest band, `cold_boost_seconds = 0`), the
-  coldest band keeps `P = max(2, C // 4)`.
+  `reserve = min(C - f, max(1, ceil(ln 0.01 / ln rho)))` and `rho` the hotter bands' share of
+  the starts, measured over the last second; and `reserve = 0` after `cold_boost_seconds`
+  (0.5 s) without a hotter arrival (the refill wait, once a hotter backlog drained on the
+  broker). Where the headroom does not apply (an override `prefetch={"cold": n}`, a sharded or
+  ordered coldest band, `cold_boost_seconds = 0`), the coldest band keeps `P = max(2, C // 4)`.
 
-  The bound on a hotter message's wait for a slot: right after any cold start at least
-  `reserve` slots are free, and only hotter starts take them. A hotter message arriving then
-  waits only if more than `reserve` hotter messages hold slots at once, more than `m` plus
-  three standard deviations for Poisson arrivals (about 1 in 1,000); it then waits for the
-  first of the `C` running messages to end: at most one handler run `d`, `d / C` on average.
+  The bound on a hotter message's wait for a slot: cold work fills the slots up to
+  `C - reserve`; from there a hotter start takes a free slot and any end gives one back
+  (a cold end is not replaced while fewer than `reserve` are free). The free slots are a
+  birth-death chain on `0..reserve`, down at the hotter arrival rate `lambda`, up at the end
+  rate `mu`, so a hotter arrival finds none free with chance at most `rho^reserve`
+  (`rho = lambda / mu`), 1 in 100 by the choice of `reserve`; it then waits for the next of
+  the `C` running messages to end: `d / C` on average, at most one handler run `d`.
   Under saturating hotter work (`reserve` capped at `C - f`) cold work holds at most `f`
   slots, as with the old fixed prefetch; after an idle spell (`reserve = 0`) the first hotter
   message waits for one slot to free, at most one cold handler run.
@@ -283,8 +284,6 @@ class Dispatcher(Generic[T]):
         self._running -= 1
         if band < self._coldest:
             self._hotter_running -= 1
-            if self.headroom is not None:
-                self.headroom.hotter_busy(self._hotter_running)
         key = self._key(item)
         if key is not None:
             self._busy_keys[band].discard(key)
@@ -343,8 +342,8 @@ class Dispatcher(Generic[T]):
         self._running += 1
         if band < self._coldest:
             self._hotter_running += 1
-            if self.headroom is not None:
-                self.headroom.hotter_busy(self._hotter_running)
+        if self.headroom is not None:
+            self.headroom.started(hotter=band < self._coldest)
         key = self._key(item)
         if key is not None:
             self._busy_keys[band].add(key)

@@ -2,17 +2,29 @@
 
 The coldest band is consumed with the full prefetch (`2C`) and the dispatcher, not the
 broker, keeps it from taking every slot: it starts a cold message only while at least
-`reserve()` slots stay free after it. The reserve follows what hotter work uses, measured in
-the dispatcher itself: the time-average number of slots hotter bands occupy (`load`, which by
-Little's law is their arrival rate times their handler time, with no need to know either),
-plus a margin for bursts, as for Poisson arrivals:
+`reserve()` slots stay free after it.
 
-    reserve = ceil(load + 3 * sqrt(load)) + 1,   at most C - floor,
+How big the reserve must be. Cold work fills the slots up to `C - r` (`r` the reserve); from
+there the free slots `F` move one at a time: a hotter start takes one (`F - 1`), and any
+message's end gives one back while `F < r` (a cold end is not replaced). That is a
+birth-death chain on `0..r`, with hotter arrivals at rate `lambda` and ends at rate `mu` (the
+rate of all starts, in a steady state), so a hotter arrival finds no free slot with chance
+
+    P(F = 0) = rho^r (1 - rho) / (1 - rho^(r+1)) <= rho^r,    rho = lambda / mu,
+
+where `rho` is the hotter share of all starts, which the dispatcher measures itself (a
+time-average over `AVERAGE_SECONDS`, counting its starts). The reserve is the smallest `r >= 1`
+with `rho^r <= WAIT_CHANCE` (1 %), so 99 of 100 hotter messages find a slot at once and the
+others wait for the next end, `1 / mu` on average (`d / C` for handlers of `d` seconds):
+
+    reserve = max(1, ceil(ln WAIT_CHANCE / ln rho)),   at most C - floor,
 
 where `floor = max(2, C // 4)`: however busy hotter bands are, the coldest band may hold
-`floor` slots whenever they are free, as its old fixed prefetch let it (`admits`). After
-`idle_after` seconds without a hotter arrival (or `quiet_after` once a hotter band's backlog
-drained on the broker), the reserve is 0 and cold work fills every slot.
+`floor` slots whenever they are free, as its old fixed prefetch let it (`admits`). Light hot
+traffic beside a cold backlog (`rho` = 0.02: 50/s among 2,500 starts/s) keeps 2 slots; hotter
+work at 70 % of the slots (`rho` about 0.75) hits the cap. After `idle_after` seconds without
+a hotter arrival (or `quiet_after` once a hotter band's backlog drained on the broker), the
+reserve is 0 and cold work fills every slot.
 
 Only where it is safe and needed (`consumers.options.keeps_headroom`): the strict policy,
 more than one band, the coldest band's default prefetch (an override keeps that prefetch and
@@ -23,11 +35,12 @@ The slots are the worker's concurrency `C`. For HTTP receivers (`bandgate.pull`)
 seats clients ask for, which change with every request: `slots(running)` gives them, and the
 floor and the cap follow.
 
-This replaced the cold boost, which resized the coldest band's prefetch (re-subscribing it on
-the broker) between `max(2, C // 4)` and `2C`: under a hot trickle the boost never came, so
-cold work ran on a quarter of the slots. Here nothing talks to the broker: the reserve changes
-with every hotter start and finish at no cost. `python -m bench priority` measured both
-(README, Benchmarks).
+This replaced two designs, both measured by `python -m bench priority` (README, Benchmarks):
+the cold boost, which resized the coldest band's prefetch on the broker between
+`max(2, C // 4)` and `2C` (under a hot trickle the boost never came, so cold work ran on a
+quarter of the slots); and a reserve sized from the slots hotter work holds (`m + 3 sqrt(m)
++ 1`, `m` their average), which kept 3 slots where 2 do: slots hotter work holds are not
+free slots, and cold work gives them back as it ends.
 """
 
 from __future__ import annotations
@@ -36,8 +49,8 @@ import math
 import time
 from collections.abc import Callable
 
-AVERAGE_SECONDS = 1.0  # time constant of the hotter bands' busy-slot average
-MARGIN = 3.0  # standard deviations of Poisson arrivals kept free above the average
+AVERAGE_SECONDS = 1.0  # time constant of the measured hotter share of starts
+WAIT_CHANCE = 0.01  # at most this share of hotter starts waits for a slot to end
 IDLE_AFTER = 0.5  # default seconds without a hotter arrival before cold work fills every slot
 
 
@@ -63,33 +76,33 @@ class Headroom:
         self.idle_after = idle_after
         self.quiet_after = min(quiet_after, idle_after)
         self._clock = clock
-        now = clock()
         self._last_hotter = float("-inf")
         self._drained_at = float("-inf")
-        self._busy = 0  # slots hotter bands hold now
-        self._average = 0.0
-        self._since = now
+        self._hotter_starts = 0.0  # time-decayed counts of starts
+        self._all_starts = 0.0
+        self._since = clock()
 
     def hotter_arrived(self) -> None:
         self._last_hotter = self._clock()
 
     def hotter_drained(self) -> None:
         """A hotter band's backlog ended on the broker: no reserve after `quiet_after`, and
-        until then one sized from the slots hotter work holds now. The average remembers the
-        backlog, which says nothing of what arrives next."""
+        until then the least one. The share of starts remembers the backlog, which says
+        nothing of what arrives next."""
         self._drained_at = self._clock()
-        self._advance()
-        self._average = float(self._busy)
+        self._hotter_starts = self._all_starts = 0.0
 
-    def hotter_busy(self, busy: int) -> None:
-        """Hotter bands now hold `busy` slots (called at each of their starts and ends)."""
+    def started(self, hotter: bool) -> None:
+        """A slot started a message, of a hotter band or of the coldest."""
         self._advance()
-        self._busy = busy
+        self._all_starts += 1
+        if hotter:
+            self._hotter_starts += 1
 
-    def load(self) -> float:
-        """The time-average of the slots hotter bands held lately."""
+    def share(self) -> float:
+        """The hotter share of the starts lately (0 before any)."""
         self._advance()
-        return self._average
+        return self._hotter_starts / self._all_starts if self._all_starts > 0 else 0.0
 
     def admits(self, running: int, cold_running: int) -> bool:
         """Whether a free slot may start a cold message, with `running` slots busy of which
@@ -102,8 +115,12 @@ class Headroom:
         if self.idle_until() is None:
             return 0
         slots = self.concurrency if slots is None else slots
-        load = self.load()
-        return min(max(0, slots - floor(slots)), math.ceil(load + MARGIN * math.sqrt(load)) + 1)
+        cap = max(0, slots - floor(slots))
+        share = self.share()
+        if share >= 1.0:
+            return cap
+        needed = 1 if share <= WAIT_CHANCE else math.ceil(math.log(WAIT_CHANCE) / math.log(share))
+        return min(cap, needed)
 
     def idle_until(self) -> float | None:
         """When the reserve drops to 0 for want of hotter arrivals (None: it is 0 now)."""
@@ -112,10 +129,11 @@ class Headroom:
         return until if self._clock() < until else None
 
     def _advance(self) -> None:
-        """Bring the average up to now: `_busy` slots were held since the last change."""
+        """Age the counts up to now."""
         now = self._clock()
         weight = math.exp(-max(0.0, now - self._since) / AVERAGE_SECONDS)
-        self._average = self._average * weight + self._busy * (1 - weight)
+        self._hotter_starts *= weight
+        self._all_starts *= weight
         self._since = now
 
 

@@ -1,10 +1,14 @@
-"""The coldest band's headroom (`consumers.headroom`): the reserve follows hotter work's use of
-the slots, and the dispatcher keeps cold work off it."""
+"""The coldest band's headroom (`consumers.headroom`): the reserve follows hotter work's share
+of the starts, and the dispatcher keeps cold work off it."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from bandgate.consumers.dispatch import Dispatcher, StrictPolicy
-from bandgate.consumers.headroom import Headroom
+from bandgate.consumers.headroom import WAIT_CHANCE, Headroom
 
 C = 16
 
@@ -15,6 +19,17 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def run_for(room: Headroom, clock: Clock, seconds: float, hotter: float, colder: float) -> None:
+    """`hotter` and `colder` starts per second, spread evenly over `seconds`."""
+    for tick in range(round(seconds * 1000)):
+        clock.now += 0.001
+        for rate, hot in ((hotter, True), (colder, False)):
+            for _ in range(math.floor((tick + 1) * rate / 1000) - math.floor(tick * rate / 1000)):
+                room.started(hotter=hot)
+                if hot:
+                    room.hotter_arrived()
 
 
 def test_no_reserve_until_hotter_work_arrives_and_none_after_it_stops() -> None:
@@ -37,44 +52,44 @@ def test_a_drained_hotter_backlog_gives_the_slots_back_sooner() -> None:
     assert room.reserve() == 0
 
 
-def test_a_drained_backlog_leaves_a_reserve_for_what_still_runs_only() -> None:
+def test_a_drained_backlog_leaves_the_least_reserve_until_the_quiet_spell_ends() -> None:
     clock = Clock()
     room = Headroom(C, idle_after=0.5, quiet_after=0.1, clock=clock)
-    room.hotter_arrived()
-    room.hotter_busy(C)  # a warm backlog on every slot
-    clock.now += 2
-    room.hotter_arrived()
+    run_for(room, clock, 2.0, hotter=800, colder=0)  # a warm backlog on every slot
+    assert room.share() == pytest.approx(1.0)
     assert room.reserve() == C - C // 4
-    clock.now += 0.01
-    room.hotter_busy(1)  # its last messages finish
+    clock.now += 0.01  # the broker says the band is empty, after its last message arrived
     room.hotter_drained()
-    assert room.reserve() == 5  # ceil(1 + 3 * 1) + 1, no longer the backlog's average
+    assert room.reserve() == 1  # the backlog's share says nothing of what arrives next
     clock.now += 0.11
     assert room.reserve() == 0
 
 
-def test_the_reserve_follows_the_average_busy_slots_with_a_margin() -> None:
+@pytest.mark.parametrize(
+    ("hotter", "colder", "expected"),
+    [
+        (20, 2_480, 1),  # a share of 0.008: one free slot leaves fewer than 1 in 100 waiting
+        (50, 2_450, 2),  # 0.02, the light load of `bench priority`: 0.02^2 < 0.01 < 0.02
+        (300, 700, 4),  # 0.3: 0.3^4 = 0.008
+    ],
+)
+def test_the_reserve_keeps_one_in_a_hundred_hotter_starts_from_waiting(
+    hotter: float, colder: float, expected: int
+) -> None:
     clock = Clock()
     room = Headroom(C, idle_after=0.5, clock=clock)
-    # Light hot traffic: one slot busy a quarter of the time (50/s of 5 ms handlers).
-    for _ in range(200):
-        room.hotter_arrived()
-        room.hotter_busy(1)
-        clock.now += 0.005
-        room.hotter_busy(0)
-        clock.now += 0.015
-    assert 0.2 < room.load() < 0.3
-    assert room.reserve() == 3  # ceil(0.25 + 3 * 0.5) + 1
+    run_for(room, clock, 3.0, hotter=hotter, colder=colder)
+    share = room.share()
+    assert share == pytest.approx(hotter / (hotter + colder), rel=0.05)
+    assert room.reserve() == expected
+    assert share**expected <= WAIT_CHANCE < share ** (expected - 1)
 
 
 def test_saturating_hotter_work_leaves_the_coldest_band_its_old_share() -> None:
     clock = Clock()
     room = Headroom(C, idle_after=0.5, clock=clock)
-    room.hotter_arrived()
-    room.hotter_busy(12)
-    clock.now += 5
-    room.hotter_arrived()
-    assert room.load() > 11.9
+    run_for(room, clock, 3.0, hotter=560, colder=200)  # hot on 11.2 of 16 slots, cold on 4
+    assert room.share() > 0.7
     assert room.reserve() == C - C // 4  # capped: cold may still hold max(2, C // 4) slots
 
 
@@ -95,12 +110,13 @@ def test_the_dispatcher_starts_cold_work_only_outside_the_reserve() -> None:
     ]  # fmt: skip
     for n in range(4):
         dispatch.done(1, f"cold{n}")
-    room.hotter_arrived()  # a hotter message arrives: one slot is kept free for the next
+    room.hotter_arrived()  # a hotter message arrives: 1 start in 5 is hotter now
     dispatch.put(0, "hot0")
     assert dispatch.take_nowait() == (0, "hot0")
+    assert room.reserve() == 2  # 0.2^3 < 0.01, capped at 4 - max(2, 4 // 4)
     assert dispatch.take_nowait() == (1, "cold4")
-    assert dispatch.take_nowait() == (1, "cold5")
-    assert dispatch.take_nowait() is None  # reserve 1 (plus the hot one running)
+    assert dispatch.take_nowait() == (1, "cold5")  # cold work under its floor of 2
+    assert dispatch.take_nowait() is None  # the last free slot is hotter work's
     dispatch.put(0, "hot1")
     assert dispatch.take_nowait() == (0, "hot1")  # the kept slot, at once
     clock.now += 0.6  # no hotter arrival since: the reserve is gone
@@ -112,10 +128,7 @@ def test_the_dispatcher_starts_cold_work_only_outside_the_reserve() -> None:
 def test_under_saturation_cold_work_keeps_its_floor_of_free_slots() -> None:
     clock = Clock()
     room = Headroom(C, idle_after=0.5, clock=clock)
-    room.hotter_arrived()
-    room.hotter_busy(12)
-    clock.now += 5
-    room.hotter_arrived()
+    run_for(room, clock, 3.0, hotter=560, colder=200)
     assert room.admits(running=12, cold_running=0)
     assert room.admits(running=15, cold_running=3)
     assert not room.admits(running=15, cold_running=4)  # floor (C // 4) reached: reserve rules
