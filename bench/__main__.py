@@ -100,10 +100,25 @@ def main() -> None:
         choices=["3.10", "4.0", "4.3"],
         help="run the private node of this RabbitMQ version (default: the installed one)",
     )
+    parser.add_argument(
+        "--broker-conf",
+        metavar="LINE",
+        action="append",
+        default=[],
+        help="a rabbitmq.conf line for the private node, e.g. "
+        "'quorum_queue.compute_checksums = false' (repeatable)",
+    )
+    parser.add_argument(
+        "--broker-advanced",
+        metavar="TERM",
+        default="",
+        help="an advanced.config term for the private node, e.g. "
+        "'[{ra, [{wal_sync_method, none}]}].'",
+    )
     args = parser.parse_args()
     chosen = list(BENCHMARKS) if args.which == "all" else [args.which]
     results: dict[str, list[dict[str, Any]]] = {}
-    with bench_broker(args.rabbitmq) as broker:
+    with bench_broker(args.rabbitmq, tuple(args.broker_conf), args.broker_advanced) as broker:
         for name in chosen:
             results[name] = BENCHMARKS[name](broker, args)
             for title, rows in tables(name, results[name]):
@@ -115,7 +130,9 @@ def main() -> None:
         "broker": f"RabbitMQ {broker.version}",
         "command": f"python -m bench {args.which}"
         + (f" --only {args.only}" if args.only else "")
-        + (f" --rabbitmq {args.rabbitmq}" if args.rabbitmq else ""),
+        + (f" --rabbitmq {args.rabbitmq}" if args.rabbitmq else "")
+        + "".join(f" --broker-conf {line!r}" for line in args.broker_conf)
+        + (f" --broker-advanced {args.broker_advanced!r}" if args.broker_advanced else ""),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{args.which}-{stamp.replace(':', '')}.json"

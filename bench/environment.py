@@ -24,9 +24,12 @@ class BenchBroker:
 
 
 @contextmanager
-def bench_broker(version: str | None = None) -> Iterator[BenchBroker]:
+def bench_broker(
+    version: str | None = None, settings: tuple[str, ...] = (), advanced: str = ""
+) -> Iterator[BenchBroker]:
     """`BANDGATE_BENCH_AMQP_URL`, or a private node: of `version` (3.10, 4.0, 4.3; from a
-    Debian root of `tools.broker_roots`, built when missing) or the installed one."""
+    Debian root of `tools.broker_roots`, built when missing) or the installed one, with
+    `settings` (rabbitmq.conf lines) and `advanced` (an advanced.config term) added."""
     url = os.environ.get("BANDGATE_BENCH_AMQP_URL")
     if url:
         yield BenchBroker(url, None)
@@ -35,7 +38,14 @@ def bench_broker(version: str | None = None) -> Iterator[BenchBroker]:
     with tempfile.TemporaryDirectory(prefix="bandgate-bench-") as tmp:
         # The consistent-hash exchange is what sharded bands route with (`python -m bench native`).
         plugins = ("rabbitmq_consistent_hash_exchange",)
-        node = LocalBroker(Path(tmp), name="bandgate-bench", plugins=plugins, root=root)
+        node = LocalBroker(
+            Path(tmp),
+            name="bandgate-bench",
+            plugins=plugins,
+            root=root,
+            settings=settings,
+            advanced=advanced,
+        )
         node.start()
         try:
             assert node.process is not None

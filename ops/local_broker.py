@@ -80,6 +80,8 @@ class LocalBroker:
     prometheus_port: int = field(default_factory=free_port)
     plugins: tuple[str, ...] = DEFAULT_PLUGINS
     root: Path | None = field(default_factory=configured_root)
+    settings: tuple[str, ...] = ()  # more rabbitmq.conf lines (the benchmarks' broker studies)
+    advanced: str = ""  # an advanced.config term, for settings rabbitmq.conf has no key for
     process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -117,6 +119,8 @@ class LocalBroker:
             RABBITMQ_LOG_BASE=str(self.base_dir / "log"),
             ERL_EPMD_ADDRESS="127.0.0.1",
         )
+        if self.advanced:
+            env["RABBITMQ_ADVANCED_CONFIG_FILE"] = str(self.base_dir / "advanced.config")
         return env
 
     def _command(self, program: Path, *args: str) -> list[str]:
@@ -157,7 +161,10 @@ class LocalBroker:
                 f"prometheus.tcp.port = {self.prometheus_port}",
                 "prometheus.tcp.ip = 127.0.0.1",
             ]
+        lines += self.settings
         (self.base_dir / "rabbitmq.conf").write_text("\n".join(lines) + "\n")
+        if self.advanced:
+            (self.base_dir / "advanced.config").write_text(self.advanced + "\n")
         (self.base_dir / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
         cookie = self.base_dir / ".erlang.cookie"
         if not cookie.exists():
