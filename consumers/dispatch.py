@@ -29,23 +29,24 @@ handler duration, `R` = refill latency from ack to next delivery):
   at hand, enough while `d > R * C / (P - C)` (`d > R` at `P = 2C`).
 - the coldest band: `P = 2C` too, but it shares the slots through a headroom
   (`consumers.headroom`): a cold message starts only while cold work holds fewer than
-  `f = max(2, C // 4)` slots, or while at least `reserve` slots stay free after it, with
-  `reserve = min(C - f, max(1, ceil(ln 0.01 / ln rho)))` and `rho` the hotter bands' share of
-  the starts, measured over the last second; and `reserve = 0` after `cold_boost_seconds`
-  (0.5 s) without a hotter arrival (the refill wait, once a hotter backlog drained on the
-  broker). Where the headroom does not apply (an override `prefetch={"cold": n}`, a sharded or
-  ordered coldest band, `cold_boost_seconds = 0`), the coldest band keeps `P = max(2, C // 4)`.
+  `f = max(2, C // 4)` slots, or while `reserve` slots stay free after it: `reserve =
+  min(C - f, max(1, ceil(ln t / ln rho)))`, `t = max(0.01, ErlangC(C - f, a))`, with `rho`
+  the hotter bands' share of the starts and `a` the slots they held on average, over the last
+  second; `reserve = 0` after `cold_boost_seconds` (0.5 s) without a hotter arrival (the
+  refill wait, once a hotter backlog drained on the broker). Where the headroom does not apply
+  (an override `prefetch={"cold": n}`, a sharded or ordered coldest band,
+  `cold_boost_seconds = 0`), the coldest band keeps `P = max(2, C // 4)`.
 
   The bound on a hotter message's wait for a slot: cold work fills the slots up to
-  `C - reserve`; from there a hotter start takes a free slot and any end gives one back
-  (a cold end is not replaced while fewer than `reserve` are free). The free slots are a
-  birth-death chain on `0..reserve`, down at the hotter arrival rate `lambda`, up at the end
-  rate `mu`, so a hotter arrival finds none free with chance at most `rho^reserve`
-  (`rho = lambda / mu`), 1 in 100 by the choice of `reserve`; it then waits for the next of
-  the `C` running messages to end: `d / C` on average, at most one handler run `d`.
-  Under saturating hotter work (`reserve` capped at `C - f`) cold work holds at most `f`
-  slots, as with the old fixed prefetch; after an idle spell (`reserve = 0`) the first hotter
-  message waits for one slot to free, at most one cold handler run.
+  `C - reserve`, then a hotter start takes a free slot and any end gives one back (a cold end
+  is not replaced while fewer than `reserve` are free): a birth-death chain on `0..reserve`,
+  down at the hotter arrival rate `lambda`, up at the end rate `mu`. A hotter arrival finds no
+  slot because of cold work with chance at most `rho^reserve` (`rho = lambda / mu`), because of
+  hotter work (on its `C - f` slots at most) with chance `ErlangC(C - f, a)` whatever the
+  reserve; so it waits with chance under 2 in 100 or twice the least any reserve gives, then
+  takes the next slot to end before any cold message: `d / C` on average, at most `d`.
+  Saturating hotter work (70 % of the slots: `ErlangC(12, 11.2)` = 0.75 > `rho`) gets a
+  reserve of 1; after an idle spell (`reserve = 0`) the first hotter message waits at most `d`.
 - refill wait `H` (`WorkerSettings.refill_wait_seconds`, 0.1 s): a band that had a backlog at
   hand and runs dry keeps its claim on free slots for up to `H`, because its refill is most
   likely on the way; when a free slot waits for it, the worker asks the broker (passive
@@ -282,8 +283,9 @@ class Dispatcher(Generic[T]):
     def done(self, band: int, item: T) -> None:
         """The slot running `item` (taken from `band`) is free again."""
         self._running -= 1
-        if band < self._coldest:
-            self._hotter_running -= 1
+        self._hotter_running -= int(band < self._coldest)
+        if self.headroom is not None:
+            self.headroom.ended(hotter=band < self._coldest)
         key = self._key(item)
         if key is not None:
             self._busy_keys[band].discard(key)
@@ -340,8 +342,7 @@ class Dispatcher(Generic[T]):
             self._dry_since[band] = self._clock()
             self._asked[band] = False
         self._running += 1
-        if band < self._coldest:
-            self._hotter_running += 1
+        self._hotter_running += int(band < self._coldest)
         if self.headroom is not None:
             self.headroom.started(hotter=band < self._coldest)
         key = self._key(item)

@@ -13,18 +13,28 @@ rate of all starts, in a steady state), so a hotter arrival finds no free slot w
     P(F = 0) = rho^r (1 - rho) / (1 - rho^(r+1)) <= rho^r,    rho = lambda / mu,
 
 where `rho` is the hotter share of all starts, which the dispatcher measures itself (a
-time-average over `AVERAGE_SECONDS`, counting its starts). The reserve is the smallest `r >= 1`
-with `rho^r <= WAIT_CHANCE` (1 %), so 99 of 100 hotter messages find a slot at once and the
-others wait for the next end, `1 / mu` on average (`d / C` for handlers of `d` seconds):
+time-average over `AVERAGE_SECONDS`, counting its starts).
 
-    reserve = max(1, ceil(ln WAIT_CHANCE / ln rho)),   at most C - floor,
+No reserve takes the chance of waiting below the one hotter work makes by itself. The coldest
+band may always hold `floor = max(2, C // 4)` slots (`admits`: what its old fixed prefetch gave
+it), so hotter work has `C - floor` slots at most; with `a` of them busy on average (its
+offered load: the time-average of the slots it holds) its arrivals find them all busy with the
+Erlang C chance `self_wait(C - floor, a)`, whatever the reserve. A hotter arrival waits with
+chance at most `rho^r + self_wait`, so the reserve is the smallest `r >= 1` with
 
-where `floor = max(2, C // 4)`: however busy hotter bands are, the coldest band may hold
-`floor` slots whenever they are free, as its old fixed prefetch let it (`admits`). Light hot
-traffic beside a cold backlog (`rho` = 0.02: 50/s among 2,500 starts/s) keeps 2 slots; hotter
-work at 70 % of the slots (`rho` about 0.75) hits the cap. After `idle_after` seconds without
-a hotter arrival (or `quiet_after` once a hotter band's backlog drained on the broker), the
-reserve is 0 and cold work fills every slot.
+    rho^r <= target,    target = max(WAIT_CHANCE, self_wait(C - floor, a)),
+    reserve = max(1, ceil(ln target / ln rho)),   at most C - floor,
+
+which keeps that chance under 2 in 100 (`WAIT_CHANCE` = 1 %, twice), or under twice the least
+any reserve could give. A hotter message that waits takes the next slot to end, before any
+cold message (the strict policy starts the hottest at hand): `1 / mu` on average, `d / C` for
+handlers of `d` seconds. Light hot traffic beside a cold backlog (`rho` = 0.02: 50/s among
+2,500 starts/s; `a` = 0.25) keeps 2 slots. Hotter work on 70 % of the slots (`a` = 11.2 of
+16, `rho` about 0.7) waits for its own 12 slots with chance 0.75, so its reserve is 1: more
+would start some hotter messages sooner, not the 99th percentile, and keep idle the slots
+cold work could run on. After `idle_after` seconds without a hotter arrival (or `quiet_after`
+once a hotter band's backlog drained on the broker), the reserve is 0 and cold work fills every
+slot.
 
 Only where it is safe and needed (`consumers.options.keeps_headroom`): the strict policy,
 more than one band, the coldest band's default prefetch (an override keeps that prefetch and
@@ -49,7 +59,7 @@ import math
 import time
 from collections.abc import Callable
 
-AVERAGE_SECONDS = 1.0  # time constant of the measured hotter share of starts
+AVERAGE_SECONDS = 1.0  # time constant of the measured hotter share of starts and load
 WAIT_CHANCE = 0.01  # at most this share of hotter starts waits for a slot to end
 IDLE_AFTER = 0.5  # default seconds without a hotter arrival before cold work fills every slot
 
@@ -57,6 +67,17 @@ IDLE_AFTER = 0.5  # default seconds without a hotter arrival before cold work fi
 def floor(slots: int) -> int:
     """The slots the coldest band may always hold, however busy hotter bands are."""
     return max(2, slots // 4)
+
+
+def self_wait(servers: int, load: float) -> float:
+    """Erlang C: the chance an arrival finds all `servers` busy with an offered `load` (the
+    average busy count): how often hotter work waits for its own slots, whatever the reserve."""
+    if load >= servers:
+        return 1.0
+    blocked = 1.0  # Erlang B, by its recurrence over the servers
+    for server in range(1, servers + 1):
+        blocked = load * blocked / (server + load * blocked)
+    return servers * blocked / (servers - load * (1.0 - blocked))
 
 
 class Headroom:
@@ -80,6 +101,9 @@ class Headroom:
         self._drained_at = float("-inf")
         self._hotter_starts = 0.0  # time-decayed counts of starts
         self._all_starts = 0.0
+        self._hotter_held = 0  # slots hotter work holds now
+        self._hotter_load = 0.0  # their time-decayed integral, over that of the time
+        self._measured = 0.0
         self._since = clock()
 
     def hotter_arrived(self) -> None:
@@ -98,11 +122,23 @@ class Headroom:
         self._all_starts += 1
         if hotter:
             self._hotter_starts += 1
+            self._hotter_held += 1
+
+    def ended(self, hotter: bool) -> None:
+        """A slot's message ended, of a hotter band or of the coldest."""
+        if hotter:
+            self._advance()
+            self._hotter_held = max(0, self._hotter_held - 1)
 
     def share(self) -> float:
         """The hotter share of the starts lately (0 before any)."""
         self._advance()
         return self._hotter_starts / self._all_starts if self._all_starts > 0 else 0.0
+
+    def load(self) -> float:
+        """The slots hotter work held lately, on average (its offered load)."""
+        self._advance()
+        return self._hotter_load / self._measured if self._measured > 0 else 0.0
 
     def admits(self, running: int, cold_running: int) -> bool:
         """Whether a free slot may start a cold message, with `running` slots busy of which
@@ -117,10 +153,12 @@ class Headroom:
         slots = self.concurrency if slots is None else slots
         cap = max(0, slots - floor(slots))
         share = self.share()
+        target = max(WAIT_CHANCE, self_wait(cap, self.load()))
+        if share <= target:
+            return min(cap, 1)
         if share >= 1.0:
             return cap
-        needed = 1 if share <= WAIT_CHANCE else math.ceil(math.log(WAIT_CHANCE) / math.log(share))
-        return min(cap, needed)
+        return min(cap, math.ceil(math.log(target) / math.log(share)))
 
     def idle_until(self) -> float | None:
         """When the reserve drops to 0 for want of hotter arrivals (None: it is 0 now)."""
@@ -129,12 +167,14 @@ class Headroom:
         return until if self._clock() < until else None
 
     def _advance(self) -> None:
-        """Age the counts up to now."""
+        """Age the counts and the load's average up to now."""
         now = self._clock()
         weight = math.exp(-max(0.0, now - self._since) / AVERAGE_SECONDS)
         self._hotter_starts *= weight
         self._all_starts *= weight
+        self._hotter_load = self._hotter_load * weight + self._hotter_held * (1.0 - weight)
+        self._measured = self._measured * weight + (1.0 - weight)
         self._since = now
 
 
-__all__ = ["IDLE_AFTER", "Headroom", "floor"]
+__all__ = ["IDLE_AFTER", "Headroom", "floor", "self_wait"]

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from bandgate.consumers.dispatch import Dispatcher, StrictPolicy
-from bandgate.consumers.headroom import WAIT_CHANCE, Headroom
+from bandgate.consumers.headroom import WAIT_CHANCE, Headroom, self_wait
 
 C = 16
 
@@ -21,13 +21,26 @@ class Clock:
         return self.now
 
 
-def run_for(room: Headroom, clock: Clock, seconds: float, hotter: float, colder: float) -> None:
-    """`hotter` and `colder` starts per second, spread evenly over `seconds`."""
+def run_for(
+    room: Headroom,
+    clock: Clock,
+    seconds: float,
+    hotter: float,
+    colder: float,
+    hold: float = 0.005,
+) -> None:
+    """`hotter` and `colder` starts per second, spread evenly over `seconds`, each message
+    running `hold` seconds."""
+    ends: list[tuple[int, bool]] = []
     for tick in range(round(seconds * 1000)):
         clock.now += 0.001
+        for hot in [hot for end, hot in ends if end == tick]:
+            room.ended(hotter=hot)
+        ends = [(end, hot) for end, hot in ends if end > tick]
         for rate, hot in ((hotter, True), (colder, False)):
             for _ in range(math.floor((tick + 1) * rate / 1000) - math.floor(tick * rate / 1000)):
                 room.started(hotter=hot)
+                ends.append((tick + round(hold * 1000), hot))
                 if hot:
                     room.hotter_arrived()
 
@@ -55,9 +68,10 @@ def test_a_drained_hotter_backlog_gives_the_slots_back_sooner() -> None:
 def test_a_drained_backlog_leaves_the_least_reserve_until_the_quiet_spell_ends() -> None:
     clock = Clock()
     room = Headroom(C, idle_after=0.5, quiet_after=0.1, clock=clock)
-    run_for(room, clock, 2.0, hotter=800, colder=0)  # a warm backlog on every slot
+    run_for(room, clock, 2.0, hotter=400, colder=0, hold=0.02)  # a warm backlog on 8 slots
     assert room.share() == pytest.approx(1.0)
-    assert room.reserve() == C - C // 4
+    assert room.load() == pytest.approx(8, rel=0.05)
+    assert room.reserve() == C - C // 4  # only hotter work starts: keep it all the slots
     clock.now += 0.01  # the broker says the band is empty, after its last message arrived
     room.hotter_drained()
     assert room.reserve() == 1  # the backlog's share says nothing of what arrives next
@@ -85,12 +99,35 @@ def test_the_reserve_keeps_one_in_a_hundred_hotter_starts_from_waiting(
     assert share**expected <= WAIT_CHANCE < share ** (expected - 1)
 
 
-def test_saturating_hotter_work_leaves_the_coldest_band_its_old_share() -> None:
+def test_the_erlang_c_chance_of_waiting() -> None:
+    assert self_wait(2, 1.0) == pytest.approx(1 / 3)  # M/M/2 at half load
+    assert self_wait(1, 0.5) == pytest.approx(0.5)  # M/M/1: the utilisation
+    assert self_wait(12, 12.5) == 1.0  # more work than slots: every arrival waits
+    assert self_wait(12, 0.25) < 1e-12
+
+
+@pytest.mark.parametrize(
+    ("hotter", "colder", "expected"),
+    [
+        (560, 230, 1),  # hot on 11.2 of 16 slots: it waits for its own 12 with chance 0.75
+        (400, 300, 4),  # 8 slots: its own wait 0.14, share 0.57, and 0.57^4 = 0.11
+        (240, 400, 5),  # 4.8 slots: own wait 0.0014, so 1 in 100 rules: 0.375^5 = 0.007
+    ],
+)
+def test_the_reserve_buys_no_more_than_hotter_work_s_own_wait(
+    hotter: float, colder: float, expected: int
+) -> None:
+    """Cold work may always hold C // 4 slots, so hotter work waits for its own 12 with the
+    Erlang C chance; a reserve keeping the chance of waiting for cold work far below that
+    would only keep slots idle."""
     clock = Clock()
     room = Headroom(C, idle_after=0.5, clock=clock)
-    run_for(room, clock, 3.0, hotter=560, colder=200)  # hot on 11.2 of 16 slots, cold on 4
-    assert room.share() > 0.7
-    assert room.reserve() == C - C // 4  # capped: cold may still hold max(2, C // 4) slots
+    run_for(room, clock, 3.0, hotter=hotter, colder=colder, hold=0.02)
+    assert room.load() == pytest.approx(hotter * 0.02, rel=0.05)
+    target = max(WAIT_CHANCE, self_wait(C - C // 4, room.load()))
+    assert room.reserve() == expected
+    assert room.share() ** expected <= target
+    assert expected == 1 or room.share() ** (expected - 1) > target
 
 
 def four_slots(cold: int) -> tuple[Clock, Headroom, Dispatcher[str]]:
@@ -125,14 +162,22 @@ def test_the_dispatcher_starts_cold_work_only_outside_the_reserve() -> None:
     assert dispatch.take_nowait() == (1, "cold6")
 
 
-def test_under_saturation_cold_work_keeps_its_floor_of_free_slots() -> None:
+def test_under_saturation_cold_work_takes_every_slot_but_one() -> None:
     clock = Clock()
     room = Headroom(C, idle_after=0.5, clock=clock)
-    run_for(room, clock, 3.0, hotter=560, colder=200)
+    run_for(room, clock, 3.0, hotter=560, colder=230, hold=0.02)
     assert room.admits(running=12, cold_running=0)
-    assert room.admits(running=15, cold_running=3)
-    assert not room.admits(running=15, cold_running=4)  # floor (C // 4) reached: reserve rules
-    assert not room.admits(running=13, cold_running=4)
+    assert room.admits(running=15, cold_running=3)  # under the floor (C // 4)
+    assert room.admits(running=14, cold_running=5)  # over it, with one slot left free
+    assert not room.admits(running=15, cold_running=5)  # the last free slot is hotter work's
+
+
+def test_a_moderate_hotter_load_keeps_cold_work_off_more_slots() -> None:
+    clock = Clock()
+    room = Headroom(C, idle_after=0.5, clock=clock)
+    run_for(room, clock, 3.0, hotter=240, colder=400, hold=0.02)
+    assert room.admits(running=10, cold_running=5)  # 5 stay free after it
+    assert not room.admits(running=11, cold_running=5)
 
 
 def test_slots_that_change_with_the_running_count_set_the_floor_and_the_reserve() -> None:
