@@ -30,7 +30,7 @@ handler duration, `R` = refill latency from ack to next delivery):
 - the coldest band: `P = 2C` too, but it shares the slots through a headroom
   (`consumers.headroom`): a cold message starts only while cold work holds fewer than
   `f = max(2, C // 4)` slots, or while `reserve` slots stay free after it: `reserve =
-  min(C - f, max(1, ceil(ln t / ln rho)))`, `t = max(0.01, ErlangC(C - f, a))`, with `rho`
+  min(C - f, max(1, ceil(ln t / ln rho)))`, `t = max(e/100, ErlangC(C - f, a))`, with `rho`
   the hotter bands' share of the starts and `a` the slots they held on average, over the last
   second; `reserve = 0` after `cold_boost_seconds` (0.5 s) without a hotter arrival (the
   refill wait, once a hotter backlog drained on the broker). Where the headroom does not apply
@@ -41,12 +41,12 @@ handler duration, `R` = refill latency from ack to next delivery):
   `C - reserve`, then a hotter start takes a free slot and any end gives one back (a cold end
   is not replaced while fewer than `reserve` are free): a birth-death chain on `0..reserve`,
   down at the hotter arrival rate `lambda`, up at the end rate `mu`. A hotter arrival finds no
-  slot because of cold work with chance at most `rho^reserve` (`rho = lambda / mu`), because of
-  hotter work (on its `C - f` slots at most) with chance `ErlangC(C - f, a)` whatever the
-  reserve; so it waits with chance under 2 in 100 or twice the least any reserve gives, then
-  takes the next slot to end before any cold message: `d / C` on average, at most `d`.
-  Saturating hotter work (70 % of the slots: `ErlangC(12, 11.2)` = 0.75 > `rho`) gets a
-  reserve of 1; after an idle spell (`reserve = 0`) the first hotter message waits at most `d`.
+  slot because of cold work with chance at most `rho^reserve` (`rho = lambda / mu`), then
+  takes the next slot to end before any cold message: it waits longer than one gap between
+  ends (`1 / mu`, `d / C`) with chance about `rho^reserve / e`, under 1 in 100 by the choice
+  of `reserve`, and at most `d`. Hotter work alone (on its `C - f` slots at most) makes it wait
+  with chance `ErlangC(C - f, a)` whatever the reserve, and the reserve stops there (1 at 70 %
+  of the slots: `ErlangC(12, 11.2)` = 0.75 > `rho`); after an idle spell, `d` at most.
 - refill wait `H` (`WorkerSettings.refill_wait_seconds`, 0.1 s): a band that had a backlog at
   hand and runs dry keeps its claim on free slots for up to `H`, because its refill is most
   likely on the way; when a free slot waits for it, the worker asks the broker (passive

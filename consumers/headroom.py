@@ -13,28 +13,32 @@ rate of all starts, in a steady state), so a hotter arrival finds no free slot w
     P(F = 0) = rho^r (1 - rho) / (1 - rho^(r+1)) <= rho^r,    rho = lambda / mu,
 
 where `rho` is the hotter share of all starts, which the dispatcher measures itself (a
-time-average over `AVERAGE_SECONDS`, counting its starts).
+time-average over `AVERAGE_SECONDS`, counting its starts). A hotter message that finds none
+takes the next slot to end, before any cold message (the strict policy starts the hottest at
+hand); ends come at rate `mu`, so it waits longer than `t` with chance about
+`rho^r e^(-mu t)`. The bound is on that time: at most `WAIT_CHANCE` (1 in 100) of hotter
+messages wait longer than `1 / mu`, the mean gap between two ends (`d / C` for handlers of `d`
+seconds: 0.37 ms for 5 ms handlers at 2,700 starts/s), that is `rho^r <= e WAIT_CHANCE`.
 
-No reserve takes the chance of waiting below the one hotter work makes by itself. The coldest
-band may always hold `floor = max(2, C // 4)` slots (`admits`: what its old fixed prefetch gave
-it), so hotter work has `C - floor` slots at most; with `a` of them busy on average (its
-offered load: the time-average of the slots it holds) its arrivals find them all busy with the
-Erlang C chance `self_wait(C - floor, a)`, whatever the reserve. A hotter arrival waits with
-chance at most `rho^r + self_wait`, so the reserve is the smallest `r >= 1` with
+No reserve does better than hotter work does by itself. The coldest band may always hold
+`floor = max(2, C // 4)` slots (`admits`: what its old fixed prefetch gave it), so hotter work
+has `C - floor` slots at most; with `a` of them busy on average (its offered load: the
+time-average of the slots it holds) its arrivals find them all busy with the Erlang C chance
+`self_wait(C - floor, a)`, whatever the reserve. So the reserve is the smallest `r >= 1` with
 
-    rho^r <= target,    target = max(WAIT_CHANCE, self_wait(C - floor, a)),
-    reserve = max(1, ceil(ln target / ln rho)),   at most C - floor,
+    rho^r <= target,    target = max(e WAIT_CHANCE, self_wait(C - floor, a)),
+    reserve = max(1, ceil(ln target / ln rho)),   at most C - floor:
 
-which keeps that chance under 2 in 100 (`WAIT_CHANCE` = 1 %, twice), or under twice the least
-any reserve could give. A hotter message that waits takes the next slot to end, before any
-cold message (the strict policy starts the hottest at hand): `1 / mu` on average, `d / C` for
-handlers of `d` seconds. Light hot traffic beside a cold backlog (`rho` = 0.02: 50/s among
-2,500 starts/s; `a` = 0.25) keeps 2 slots. Hotter work on 70 % of the slots (`a` = 11.2 of
-16, `rho` about 0.7) waits for its own 12 slots with chance 0.75, so its reserve is 1: more
-would start some hotter messages sooner, not the 99th percentile, and keep idle the slots
-cold work could run on. After `idle_after` seconds without a hotter arrival (or `quiet_after`
-once a hotter band's backlog drained on the broker), the reserve is 0 and cold work fills every
-slot.
+under 1 in 100 hotter messages wait longer than `1 / mu` for cold work's slots, or, where
+hotter work alone makes more than that wait, waiting for cold work's slots is no likelier than
+waiting for its own. Light hot traffic beside a cold backlog (`rho` = 0.02: 50/s among 2,500
+starts/s; `a` = 0.25) keeps 1 slot: 2 in 100 hot messages find none free and wait for the
+next end. Hotter work on 70 % of the slots (`a` = 11.2 of 16, `rho` about 0.7) waits for its
+own 12 slots with chance 0.75, so its reserve is 1 too: more would start some hotter messages
+sooner, not the 99th percentile, and keep idle slots cold work could run on. In between the
+reserve grows: 2 slots at `rho` = 0.1, 4 at 0.35. After `idle_after` seconds without a hotter
+arrival (or `quiet_after` once a hotter band's backlog drained on the broker), the reserve is 0
+and cold work fills every slot.
 
 Only where it is safe and needed (`consumers.options.keeps_headroom`): the strict policy,
 more than one band, the coldest band's default prefetch (an override keeps that prefetch and
@@ -45,12 +49,14 @@ The slots are the worker's concurrency `C`. For HTTP receivers (`bandgate.pull`)
 seats clients ask for, which change with every request: `slots(running)` gives them, and the
 floor and the cap follow.
 
-This replaced two designs, both measured by `python -m bench priority` (README, Benchmarks):
+This replaced three designs, all measured by `python -m bench priority` (README, Benchmarks):
 the cold boost, which resized the coldest band's prefetch on the broker between
 `max(2, C // 4)` and `2C` (under a hot trickle the boost never came, so cold work ran on a
-quarter of the slots); and a reserve sized from the slots hotter work holds (`m + 3 sqrt(m)
-+ 1`, `m` their average), which kept 3 slots where 2 do: slots hotter work holds are not
-free slots, and cold work gives them back as it ends.
+quarter of the slots); a reserve sized from the slots hotter work holds (`m + 3 sqrt(m) + 1`,
+`m` their average), which kept 3 slots at the light load: slots hotter work holds are not free
+slots, and cold work gives them back as it ends; and `rho^r <= 1 %` alone, which kept 2 there
+and, under saturation, `C - floor`, holding cold work to its floor while hotter work waited
+for its own slots anyway.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ import time
 from collections.abc import Callable
 
 AVERAGE_SECONDS = 1.0  # time constant of the measured hotter share of starts and load
-WAIT_CHANCE = 0.01  # at most this share of hotter starts waits for a slot to end
+WAIT_CHANCE = 0.01  # at most this share of hotter starts waits longer than one end's gap
 IDLE_AFTER = 0.5  # default seconds without a hotter arrival before cold work fills every slot
 
 
@@ -153,7 +159,7 @@ class Headroom:
         slots = self.concurrency if slots is None else slots
         cap = max(0, slots - floor(slots))
         share = self.share()
-        target = max(WAIT_CHANCE, self_wait(cap, self.load()))
+        target = max(math.e * WAIT_CHANCE, self_wait(cap, self.load()))
         if share <= target:
             return min(cap, 1)
         if share >= 1.0:

@@ -82,12 +82,12 @@ def test_a_drained_backlog_leaves_the_least_reserve_until_the_quiet_spell_ends()
 @pytest.mark.parametrize(
     ("hotter", "colder", "expected"),
     [
-        (20, 2_480, 1),  # a share of 0.008: one free slot leaves fewer than 1 in 100 waiting
-        (50, 2_450, 2),  # 0.02, the light load of `bench priority`: 0.02^2 < 0.01 < 0.02
-        (300, 700, 4),  # 0.3: 0.3^4 = 0.008
+        (50, 2_450, 1),  # 0.02, the light load of `bench priority`: 0.02 / e < 0.01
+        (100, 900, 2),  # 0.1: 0.1 / e > 0.01 > 0.1^2 / e
+        (350, 650, 4),  # 0.35: 0.35^3 / e = 0.016, 0.35^4 / e = 0.006
     ],
 )
-def test_the_reserve_keeps_one_in_a_hundred_hotter_starts_from_waiting(
+def test_under_one_in_a_hundred_hotter_starts_wait_longer_than_one_gap_between_ends(
     hotter: float, colder: float, expected: int
 ) -> None:
     clock = Clock()
@@ -96,7 +96,8 @@ def test_the_reserve_keeps_one_in_a_hundred_hotter_starts_from_waiting(
     share = room.share()
     assert share == pytest.approx(hotter / (hotter + colder), rel=0.05)
     assert room.reserve() == expected
-    assert share**expected <= WAIT_CHANCE < share ** (expected - 1)
+    assert share**expected / math.e <= WAIT_CHANCE
+    assert expected == 1 or share ** (expected - 1) / math.e > WAIT_CHANCE
 
 
 def test_the_erlang_c_chance_of_waiting() -> None:
@@ -111,7 +112,7 @@ def test_the_erlang_c_chance_of_waiting() -> None:
     [
         (560, 230, 1),  # hot on 11.2 of 16 slots: it waits for its own 12 with chance 0.75
         (400, 300, 4),  # 8 slots: its own wait 0.14, share 0.57, and 0.57^4 = 0.11
-        (240, 400, 5),  # 4.8 slots: own wait 0.0014, so 1 in 100 rules: 0.375^5 = 0.007
+        (240, 400, 4),  # 4.8 slots: own wait 0.0014, so e / 100 rules: 0.375^4 = 0.020
     ],
 )
 def test_the_reserve_buys_no_more_than_hotter_work_s_own_wait(
@@ -124,7 +125,7 @@ def test_the_reserve_buys_no_more_than_hotter_work_s_own_wait(
     room = Headroom(C, idle_after=0.5, clock=clock)
     run_for(room, clock, 3.0, hotter=hotter, colder=colder, hold=0.02)
     assert room.load() == pytest.approx(hotter * 0.02, rel=0.05)
-    target = max(WAIT_CHANCE, self_wait(C - C // 4, room.load()))
+    target = max(math.e * WAIT_CHANCE, self_wait(C - C // 4, room.load()))
     assert room.reserve() == expected
     assert room.share() ** expected <= target
     assert expected == 1 or room.share() ** (expected - 1) > target
@@ -176,8 +177,8 @@ def test_a_moderate_hotter_load_keeps_cold_work_off_more_slots() -> None:
     clock = Clock()
     room = Headroom(C, idle_after=0.5, clock=clock)
     run_for(room, clock, 3.0, hotter=240, colder=400, hold=0.02)
-    assert room.admits(running=10, cold_running=5)  # 5 stay free after it
-    assert not room.admits(running=11, cold_running=5)
+    assert room.admits(running=11, cold_running=5)  # 4 stay free after it
+    assert not room.admits(running=12, cold_running=5)
 
 
 def test_slots_that_change_with_the_running_count_set_the_floor_and_the_reserve() -> None:
