@@ -18,7 +18,7 @@ import heapq
 import random
 from dataclasses import dataclass
 
-from bandgate.consumers.headroom import Headroom, floor
+from bandgate.consumers.headroom import Headroom, cap
 
 CONCURRENCY = 16
 SECONDS = 60.0
@@ -45,7 +45,7 @@ class FixedReserve(Headroom):
         if self.idle_until() is None:
             return 0
         slots = self.concurrency if slots is None else slots
-        return min(self.fixed, slots - floor(slots))
+        return min(self.fixed, cap(slots))
 
 
 class Clock:

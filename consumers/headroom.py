@@ -75,6 +75,11 @@ def floor(slots: int) -> int:
     return max(2, slots // 4)
 
 
+def cap(slots: int) -> int:
+    """The most slots the reserve keeps free: all but the coldest band's floor."""
+    return max(0, slots - floor(slots))
+
+
 def self_wait(servers: int, load: float) -> float:
     """Erlang C: the chance an arrival finds all `servers` busy with an offered `load` (the
     average busy count): how often hotter work waits for its own slots, whatever the reserve."""
@@ -157,14 +162,16 @@ class Headroom:
         if self.idle_until() is None:
             return 0
         slots = self.concurrency if slots is None else slots
-        cap = max(0, slots - floor(slots))
+        most = cap(slots)
         share = self.share()
-        target = max(math.e * WAIT_CHANCE, self_wait(cap, self.load()))
+        target = math.e * WAIT_CHANCE
+        if share > target:  # only then can hotter work's own wait raise the target
+            target = max(target, self_wait(most, self.load()))
         if share <= target:
-            return min(cap, 1)
+            return min(most, 1)
         if share >= 1.0:
-            return cap
-        return min(cap, math.ceil(math.log(target) / math.log(share)))
+            return most
+        return min(most, math.ceil(math.log(target) / math.log(share)))
 
     def idle_until(self) -> float | None:
         """When the reserve drops to 0 for want of hotter arrivals (None: it is 0 now)."""
@@ -183,4 +190,4 @@ class Headroom:
         self._since = now
 
 
-__all__ = ["IDLE_AFTER", "Headroom", "floor", "self_wait"]
+__all__ = ["IDLE_AFTER", "Headroom", "cap", "floor", "self_wait"]
