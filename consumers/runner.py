@@ -22,9 +22,9 @@ Beside that path: `consumers.handback` gives messages back (shutdown, an unconfi
 bug) and hands single-active queues back; `consumers.probe` asks the broker when a band runs dry;
 `consumers.headroom` keeps the coldest band off the slots hotter work needs;
 `consumers.balance` shares ordered shards with other workers; `consumers.resubscribe` consumes
-a queue again whose consumer was lost (the broker cancelled it); `consumers.startup` and
-`consumers.shutdown` open and close it all; `consumers.lifetime` says when the runner is
-stopping.
+a queue again whose consumer was lost (the broker cancelled it); `consumers.occupancy` shows
+the slots as gauges; `consumers.startup` and `consumers.shutdown` open and close it all;
+`consumers.lifetime` says when the runner is stopping.
 
 Ordered queues (`QueueSpec.ordered`): a message whose partition key is running waits (as on any
 queue), failures are retried in place (`consumers.ordering`), messages are given back only by
@@ -53,6 +53,7 @@ from bandgate.consumers.handback import HandBack
 from bandgate.consumers.headroom import IDLE_AFTER, Headroom
 from bandgate.consumers.intake import Intake
 from bandgate.consumers.lifetime import Lifetime
+from bandgate.consumers.occupancy import Occupancy
 from bandgate.consumers.options import keeps_headroom
 from bandgate.consumers.outcome import Outcome
 from bandgate.consumers.pipeline import Pipeline
@@ -164,15 +165,28 @@ class ConsumerRunner:
             if consumer.is_async
             else ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"bandgate-{spec.name}")
         )
+        observed = telemetry or ConsumerTelemetry()
         self.pipeline = Pipeline(
             consumer,
             settler,
             self.handback,
             self.dispatcher,
             self.lifetime,
-            telemetry or ConsumerTelemetry(),
+            observed,
             self._executor,
             tombstones,
+        )
+        self.occupancy = (
+            None
+            if observed.telemetry is None
+            else Occupancy(
+                observed.telemetry,
+                spec.name,
+                [band.name for band in spec.bands],
+                self.subscriptions,
+                self.dispatcher,
+                self.headroom,
+            )
         )
         self._channel: AbstractChannel | None = None  # for probes and counting workers
         self._tasks: set[asyncio.Task[Outcome | None]] = set()
@@ -187,6 +201,8 @@ class ConsumerRunner:
         self._channel = await self.connection.channel()
         await subscribe(self.subscriptions, self.connection, self.intake, self.prime_timeout)
         self.probe.start(self._channel)
+        if self.occupancy is not None:
+            self.lifetime.spawn(self.occupancy.run(self.lifetime))
         if self.sharing is not None:
             await self.sharing.start(self.connection, self._channel)
         log_started(self.consumer, self.concurrency, self.prefetch, self.subscriptions)

@@ -122,6 +122,29 @@ class Telemetry:
             "bandgate_ledger_entries", "tombstones and handled ids this process holds in memory",
             registry=registry,
         )  # fmt: skip
+        # A consumer's slots, sampled once a second (`consumers.occupancy` says what they tell).
+        self.slots = Gauge(
+            "bandgate_consumer_slots", "a consumer's slots (its concurrency)", ("queue",),
+            registry=registry,
+        )  # fmt: skip
+        self.busy_slots = Gauge(
+            "bandgate_consumer_busy_slots", "slots running a message of this band", band,
+            registry=registry,
+        )  # fmt: skip
+        self.at_hand = Gauge(
+            "bandgate_consumer_at_hand", "messages of this band delivered, waiting for a slot",
+            band, registry=registry,
+        )  # fmt: skip
+        self.reserved_slots = Gauge(
+            "bandgate_consumer_reserved_slots",
+            "slots the headroom keeps free of the coldest band's work, for hotter arrivals",
+            ("queue",), registry=registry,
+        )  # fmt: skip
+        self.hotter_load = Gauge(
+            "bandgate_consumer_hotter_load",
+            "slots the bands hotter than the coldest held, averaged over the last second",
+            ("queue",), registry=registry,
+        )  # fmt: skip
         self.wait_time = Histogram(
             "bandgate_wait_seconds", "enqueue (or due time) until the handler starts", band,
             registry=registry, buckets=LATENCY_BUCKETS,

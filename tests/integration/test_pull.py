@@ -153,6 +153,12 @@ async def test_metrics_count_leases_and_outcomes(pull: httpx.AsyncClient) -> Non
     [message] = await receive(pull, "orders", wait_seconds=2)
     metrics = (await pull.get("/metrics")).text
     assert 'bandgate_leased{queue="orders"} 1.0' in metrics
+    # The receiver's slots, sampled once a second: the leased message holds one.
+    busy = 'bandgate_consumer_busy_slots{band="hot",queue="orders"} 1.0'
+    async with asyncio.timeout(10):
+        while busy not in metrics:
+            await asyncio.sleep(0.05)
+            metrics = (await pull.get("/metrics")).text
     assert (
         await pull.delete(f"/v1/queues/orders/receipts/{message['receipt']}")
     ).status_code == 204
