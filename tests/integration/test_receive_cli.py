@@ -147,8 +147,9 @@ async def test_an_unacked_message_comes_back_and_ack_takes_it(
     assert first.code == 0, first.stderr
     assert {m["message_id"] for m in first.messages()} == sent
     # Not acked: visible again once the lease lapses, counted as a second receive.
+    # Leased long enough for the next CLI process to start (about a second on a slow machine).
     again = await bandgate(
-        live, "receive", "orders", "--max", "10", "--count", "2", "--visibility", "1"
+        live, "receive", "orders", "--max", "10", "--count", "2", "--visibility", "10"
     )
     assert again.code == 0, again.stderr
     messages = again.messages()
@@ -205,13 +206,14 @@ async def test_release_retries_then_dead_letters(
 
 async def test_extend_keeps_a_message_leased(live: LiveGateway) -> None:
     await publish(live, 8, {})
-    [message] = (await bandgate(live, "receive", "orders", "--visibility", "1")).messages()
-    extended = await bandgate(live, "extend", "orders", message["receipt"], "--visibility", "6")
+    # The first lease outlasts the next CLI process's start (about a second on a slow machine).
+    [message] = (await bandgate(live, "receive", "orders", "--visibility", "3")).messages()
+    extended = await bandgate(live, "extend", "orders", message["receipt"], "--visibility", "12")
     assert extended.code == 0, extended.stderr
     [answer] = extended.messages()
-    assert 4.5 < _seconds_until(answer["visible_until"]) <= 6
+    assert 10.5 < _seconds_until(answer["visible_until"]) <= 12
     # Past the first lease's end: still invisible.
-    hidden = await bandgate(live, "receive", "orders", "--wait", "2")
+    hidden = await bandgate(live, "receive", "orders", "--wait", "4")
     assert (hidden.code, hidden.stdout) == (0, "")
     acked = await bandgate(live, "ack", "orders", message["receipt"])
     assert acked.code == 0, acked.stderr
