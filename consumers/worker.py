@@ -27,6 +27,7 @@ from bandgate.consumers.settings import EventLoopName, WorkerSettings
 from bandgate.consumers.settle import Settler
 from bandgate.consumers.telemetry import ConsumerTelemetry
 from bandgate.consumers.tombstones import Tombstones
+from bandgate.core import amqp_read
 from bandgate.core.heap import settle_heap
 from bandgate.core.ledger_follower import LedgerFollower
 from bandgate.core.publishing import ChannelSet, Publisher, confirm_channel_factory
@@ -123,6 +124,7 @@ class Worker:
         if not consumers:
             raise ConsumerError("the app has no consumers: decorate a handler with @app.consumer")
         topology = self.app.topology
+        amqp_read.install()  # deliveries' headers read without pamqp's generic decoding
         self._serve_metrics()
         try:
             connection = await self._connect()
