@@ -78,8 +78,10 @@ def unmarshal(data: bytes) -> tuple[int, int, Any]:
     try:
         if kind == _HEADER_FRAME:
             return _content_header(data)
-        if kind == _METHOD_FRAME and _DELIVER.unpack_from(data)[3] == _DELIVER_INDEX:
-            return _deliver(data)
+        if kind == _METHOD_FRAME:
+            _, channel, size, method = _DELIVER.unpack_from(data)
+            if method == _DELIVER_INDEX:
+                return _deliver(data, channel, size)
     except Exception:  # pamqp reads it, or raises what it raises
         pass
     return _PAMQP_UNMARSHAL(data)
@@ -101,8 +103,8 @@ def _short_str(data: bytes, offset: int, end: int) -> tuple[int, str]:
     return offset, data[start:offset].decode("utf-8")
 
 
-def _deliver(data: bytes) -> tuple[int, int, commands.Basic.Deliver]:
-    _, channel, size, _ = _DELIVER.unpack_from(data)
+def _deliver(data: bytes, channel: int, size: int) -> tuple[int, int, commands.Basic.Deliver]:
+    """A `basic.deliver` frame (`unmarshal` read its channel, size and method)."""
     end = _frame_end(data, size)
     offset, consumer_tag = _short_str(data, _DELIVER.size, end)
     if offset + 9 > end:
