@@ -254,7 +254,8 @@ def accepted_by_document(schema: str, body: Any) -> bool:
     return bool(jsonschema_rs.validator_for(root, validate_formats=True).is_valid(body))
 
 
-R = Signer("0123456789abcdef").issue(1, "orders")
+# A fixed key, so that every pytest-xdist worker collects the same test ids.
+R = Signer("0123456789abcdef", key=bytes(32)).issue(1, "orders")
 RECEIVE_BODIES: list[Any] = [
     {},
     {"max_messages": 1, "wait_seconds": 0, "visibility_timeout": 0.001},
