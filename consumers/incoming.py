@@ -20,6 +20,8 @@ from aio_pika.exceptions import ChannelInvalidStateError
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
+from bandgate.consumers.acks import Unsettled
+
 
 class Delivered(Protocol):
     @property
@@ -60,10 +62,11 @@ class Incoming:
         "content_type",
         "timestamp",
         "redelivered",
+        "unsettled",
         "_channel",
     )
 
-    def __init__(self, delivered: DeliveredMessage) -> None:
+    def __init__(self, delivered: DeliveredMessage, unsettled: Unsettled | None = None) -> None:
         properties = delivered.header.properties
         delivery = cast(Basic.Deliver, delivered.delivery)
         self.body: bytes = delivered.body
@@ -75,6 +78,10 @@ class Incoming:
         self.timestamp: datetime | None = properties.timestamp
         self.redelivered: bool | None = delivery.redelivered
         self._channel = delivered.channel
+        # Its channel's unsettled deliveries, for acks with `multiple` (`consumers.acks`).
+        self.unsettled = unsettled
+        if unsettled is not None and self.delivery_tag is not None:
+            unsettled.tags.add(self.delivery_tag)
 
     @property
     def channel(self) -> AbstractChannel:
@@ -86,12 +93,19 @@ class Incoming:
         """Give it back to its queue (`requeue`) or drop it."""
         if self.delivery_tag is not None:
             await self.channel.basic_nack(self.delivery_tag, requeue=requeue)
+            self._settled()
 
     async def reject(self, *, requeue: bool = True) -> None:
         """Give it back as a failed delivery: RabbitMQ 4.3 counts a reject, not a nack, in
         `x-delivery-count`."""
         if self.delivery_tag is not None:
             await self.channel.basic_reject(self.delivery_tag, requeue=requeue)
+            self._settled()
+
+    def _settled(self) -> None:
+        """Written to the channel: an ack with `multiple` sent after it may cover it now."""
+        if self.unsettled is not None and self.delivery_tag is not None:
+            self.unsettled.tags.discard(self.delivery_tag)
 
     def __repr__(self) -> str:
         return f"Incoming(message_id={self.message_id!r}, delivery_tag={self.delivery_tag})"

@@ -18,7 +18,7 @@ import aiormq
 from aio_pika.exceptions import ChannelInvalidStateError, MessageProcessError
 
 from bandgate.consumers.acks import AckWriter
-from bandgate.consumers.incoming import Delivered
+from bandgate.consumers.incoming import Delivered, Incoming
 from bandgate.consumers.message import Message
 from bandgate.consumers.outcome import (
     Ack,
@@ -122,7 +122,8 @@ class Settler:
         try:
             if delivery.delivery_tag is None:
                 raise MessageProcessError("a delivery without a delivery tag", delivery)
-            self.acks.ack(delivery.channel, delivery.delivery_tag)
+            unsettled = delivery.unsettled if isinstance(delivery, Incoming) else None
+            self.acks.ack(delivery.channel, delivery.delivery_tag, unsettled)
         except _CHANNEL_GONE as exc:
             log.warning(
                 "could not ack message %s (%r): its channel is gone, the broker will deliver "

@@ -30,6 +30,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustChan
 from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
 
+from bandgate.consumers.acks import Unsettled
 from bandgate.consumers.incoming import Incoming
 
 REOPEN_TIMEOUT_SECONDS = 10.0
@@ -66,6 +67,7 @@ class Subscription:
     channel: AbstractChannel | None = None
     _consumer_tag: str | None = None
     _receiver: Receiver | None = None
+    _unsettled: Unsettled | None = None  # of the channel deliveries last came on
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def open(self, connection: AbstractConnection, receiver: Receiver) -> int:
@@ -112,7 +114,10 @@ class Subscription:
 
     async def _deliver(self, delivered: DeliveredMessage) -> None:
         assert self._receiver is not None
-        await self._receiver.receive(self, Incoming(delivered))
+        unsettled = self._unsettled
+        if unsettled is None or unsettled.channel is not delivered.channel:
+            unsettled = self._unsettled = Unsettled(delivered.channel)  # a new tag space
+        await self._receiver.receive(self, Incoming(delivered, unsettled))
 
     def _cancelled(self, frame: Basic.Cancel) -> None:
         """A basic.cancel from the broker (a consumer this worker cancelled gets a CancelOk)."""

@@ -1,6 +1,7 @@
 """Acks written together once per loop turn (`consumers.acks`) reach a real broker: every ack
-of a turn, over several channels, is taken; a channel the broker closed refuses acks, and its
-messages are delivered again."""
+of a turn, over several channels, is taken; acks joined into one `multiple` ack settle all but
+the deliveries still held; a channel the broker closed refuses acks, and its messages are
+delivered again."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 from aio_pika.exceptions import ChannelInvalidStateError
 
-from bandgate.consumers.acks import AckWriter
+from bandgate.consumers.acks import AckWriter, Unsettled
 
 pytestmark = pytest.mark.integration
 
@@ -90,3 +91,33 @@ async def test_a_channel_the_broker_closed_refuses_acks_and_its_message_returns(
     await (await other.get_queue("acks.refused")).consume(redelivered)
     async with asyncio.timeout(10):
         assert await again == message.body
+
+
+async def test_a_multiple_ack_settles_all_but_the_deliveries_still_held(
+    amqp: AbstractRobustConnection,
+) -> None:
+    await fill(amqp, "acks.multiple", 10)
+    channel = await amqp.channel()
+    messages = await take(channel, "acks.multiple", 10)
+    underlay = await channel.get_underlay_channel()
+    unsettled = Unsettled(underlay)
+    unsettled.tags.update(message.delivery_tag or 0 for message in messages)
+    held = messages[3]
+    acks = AckWriter()
+    for message in messages[:3]:  # below the held one: one `multiple` ack
+        assert message.delivery_tag is not None
+        acks.ack(underlay, message.delivery_tag, unsettled)
+    await asyncio.sleep(0)
+    for message in messages[4:]:  # above it: one ack each
+        assert message.delivery_tag is not None
+        acks.ack(underlay, message.delivery_tag, unsettled)
+    await asyncio.sleep(0)
+    assert unsettled.tags == {held.delivery_tag}
+    await channel.declare_queue("acks.multiple", passive=True)  # a round trip: all acks taken
+    await channel.close()  # the broker takes back what is still unacked: the held one only
+    check = await amqp.channel()
+    queue = await check.declare_queue("acks.multiple", passive=True)
+    assert queue.declaration_result.message_count == 1
+    (back,) = await take(check, "acks.multiple", 1)
+    assert back.body == held.body == b"3"
+    await back.ack()

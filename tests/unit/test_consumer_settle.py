@@ -10,7 +10,7 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from aio_pika.exceptions import ChannelInvalidStateError
 
-from bandgate.consumers.acks import AckWriter
+from bandgate.consumers.acks import AckWriter, Unsettled
 from bandgate.consumers.outcome import Ack, DeadLetter, RetryLater
 from bandgate.consumers.settle import Settled, Settler
 from bandgate.consumers.testing import make_message
@@ -67,7 +67,7 @@ class JournalAcks(AckWriter):
         super().__init__()
         self.journal = journal
 
-    def ack(self, channel: Any, delivery_tag: int) -> None:
+    def ack(self, channel: Any, delivery_tag: int, unsettled: Unsettled | None = None) -> None:
         if channel.channel_gone:
             raise ChannelInvalidStateError
         assert delivery_tag == channel.delivery_tag
