@@ -1,4 +1,4 @@
-"""`python -m bench [publish|delay|consume|priority|memory|native|shards|pull|ledger|all]`:
+"""`python -m bench [publish|delay|consume|acks|priority|memory|native|shards|pull|ledger|all]`:
 benchmarks against the raw aio-pika client and the alternatives, in one run on one broker,
 printed as tables and written as JSON under bench/results/. `all` takes about 25 minutes on two
 cores, and `ledger` (the tombstone ledger's costs) about 5 minutes more.
@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.acks import run_acks
 from bench.consume import run_consume
 from bench.delay import run_delay
 from bench.environment import BenchBroker, bench_broker
@@ -34,6 +35,7 @@ BENCHMARKS: dict[str, Runner] = {
     "publish": lambda broker, args: run_publish(broker, args.messages),
     "delay": lambda broker, args: run_delay(broker),
     "consume": lambda broker, args: run_consume(broker),
+    "acks": lambda broker, args: run_acks(broker),
     "priority": lambda broker, args: run_priority(broker, args.only),
     "memory": lambda broker, args: run_memory(broker),
     "native": lambda broker, args: run_native(broker),
