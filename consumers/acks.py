@@ -9,12 +9,13 @@ recorded ack of a connection is written as one payload (`ack_frame` writes the b
 would).
 
 On a quorum queue every ack is a Raft command of its own (a log entry, a WAL write, a state
-machine step): draining a quorum queue on 3.10.8 cost the broker about 120-160 µs per message
-with one ack each, 64-68 µs with one `multiple` ack per 8 and 34 µs per 32 (the README's
-"Acks" measurement). An ack with `multiple` settles every delivery of the channel up to its
-tag, so it may only be sent for a tag below every delivery the worker still holds: a channel's
-`Unsettled` knows those (a delivery is added as it is read, and leaves once its ack, nack or
-reject is written), and the acks of a turn below all of them go out as one `multiple` ack.
+machine step): draining a quorum queue cost the broker 115 µs per message with one ack each on
+3.10.8 (153 µs on 4.3.6), and 0.78× (0.66×) of that with one `multiple` ack per 4 messages,
+0.51× (0.41×) per 8 (`python -m bench acks`). An ack with `multiple` settles every delivery
+of the channel up to its tag, so it may only be sent for a tag below every delivery the worker
+still holds: a channel's `Unsettled` knows those (a delivery is added as it is read, and leaves
+once its ack, nack or reject is written), and the acks of a turn below all of them go out as
+one `multiple` ack.
 Deliveries are read in tag order (aiormq starts a task per delivery, in order), so none below
 an acked tag can still be unread.
 
@@ -62,18 +63,21 @@ class Unsettled:
         self.channel = channel
         self.tags: set[int] = set()
 
-    def frames(self, delivery_tags: list[int]) -> bytes:
-        """The acks of `delivery_tags` (now settled): one `multiple` ack for those below every
-        tag still unsettled, when there are two or more, and one ack for each of the others."""
+    def frames(self, delivery_tags: list[int], join: bool = True) -> bytes:
+        """The acks of `delivery_tags` (now settled): with `join`, one `multiple` ack for those
+        below every tag still unsettled, when there are two or more; one ack for each other."""
         self.tags.difference_update(delivery_tags)
         lowest = min(self.tags, default=None)
         below = sorted(tag for tag in delivery_tags if lowest is None or tag < lowest)
-        if len(below) < 2:
-            return b"".join(ack_frame(self.channel.number, tag) for tag in delivery_tags)
-        rest = (tag for tag in delivery_tags if lowest is not None and tag > lowest)
-        frames = [ack_frame(self.channel.number, below[-1], multiple=True)]
-        frames += (ack_frame(self.channel.number, tag) for tag in rest)
-        return b"".join(frames)
+        if not join or len(below) < 2:
+            return single_acks(self.channel.number, delivery_tags)
+        rest = [tag for tag in delivery_tags if lowest is not None and tag > lowest]
+        joined = ack_frame(self.channel.number, below[-1], multiple=True)
+        return joined + single_acks(self.channel.number, rest)
+
+
+def single_acks(channel_number: int, delivery_tags: list[int]) -> bytes:
+    return b"".join(ack_frame(channel_number, tag) for tag in delivery_tags)
 
 
 class AckWriter:
@@ -110,12 +114,10 @@ class AckWriter:
                 continue
             queue = cast(aiormq.Channel, channel).write_queue
             payload = payloads.setdefault(queue, bytearray())
-            if unsettled is not None and join:
-                payload += unsettled.frames(delivery_tags)
+            if unsettled is None:
+                payload += single_acks(channel.number, delivery_tags)
             else:
-                if unsettled is not None:
-                    unsettled.tags.difference_update(delivery_tags)
-                payload += b"".join(ack_frame(channel.number, tag) for tag in delivery_tags)
+                payload += unsettled.frames(delivery_tags, join)
         for queue, payload in payloads.items():
             frame = ChannelFrame(payload=bytes(payload), should_close=False)
             try:
