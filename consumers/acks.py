@@ -123,7 +123,8 @@ class AckWriter:
             try:
                 queue.put_nowait(frame)
             except asyncio.QueueFull:
-                # Waiting putters are served in order: a later close still goes out after it.
+                # A frame put later (a channel close) can take the room before this put wakes;
+                # then the broker returns these deliveries at the close: redelivered, not lost.
                 task = asyncio.get_running_loop().create_task(queue.put(frame))
                 self._putting.add(task)
                 task.add_done_callback(self._putting.discard)
