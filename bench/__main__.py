@@ -117,10 +117,18 @@ def main() -> None:
         help="an advanced.config term for the private node, e.g. "
         "'[{ra, [{wal_sync_method, none}]}].'",
     )
+    parser.add_argument(
+        "--default-wal",
+        action="store_true",
+        help="size the private node's quorum WAL at RabbitMQ's default (512 MiB) instead of "
+        "bandgate's 64 MiB",
+    )
     args = parser.parse_args()
     chosen = list(BENCHMARKS) if args.which == "all" else [args.which]
     results: dict[str, list[dict[str, Any]]] = {}
-    with bench_broker(args.rabbitmq, tuple(args.broker_conf), args.broker_advanced) as broker:
+    with bench_broker(
+        args.rabbitmq, tuple(args.broker_conf), args.broker_advanced, args.default_wal
+    ) as broker:
         for name in chosen:
             results[name] = BENCHMARKS[name](broker, args)
             for title, rows in tables(name, results[name]):
@@ -134,7 +142,8 @@ def main() -> None:
         + (f" --only {args.only}" if args.only else "")
         + (f" --rabbitmq {args.rabbitmq}" if args.rabbitmq else "")
         + "".join(f" --broker-conf {line!r}" for line in args.broker_conf)
-        + (f" --broker-advanced {args.broker_advanced!r}" if args.broker_advanced else ""),
+        + (f" --broker-advanced {args.broker_advanced!r}" if args.broker_advanced else "")
+        + (" --default-wal" if args.default_wal else ""),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{args.which}-{stamp.replace(':', '')}.json"

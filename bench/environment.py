@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bandgate.ops.local_broker import LocalBroker, configured_root
+from bandgate.ops.local_broker import QUORUM_WAL_MAX_SIZE_BYTES, LocalBroker, configured_root
 from tools.broker_roots import root_for
 
 
@@ -25,11 +25,15 @@ class BenchBroker:
 
 @contextmanager
 def bench_broker(
-    version: str | None = None, settings: tuple[str, ...] = (), advanced: str = ""
+    version: str | None = None,
+    settings: tuple[str, ...] = (),
+    advanced: str = "",
+    default_wal: bool = False,
 ) -> Iterator[BenchBroker]:
     """`BANDGATE_BENCH_AMQP_URL`, or a private node: of `version` (3.10, 4.0, 4.3; from a
     Debian root of `tools.broker_roots`, built when missing) or the installed one, with
-    `settings` (rabbitmq.conf lines) and `advanced` (an advanced.config term) added."""
+    `settings` (rabbitmq.conf lines) and `advanced` (an advanced.config term) added; its
+    quorum WAL sized as bandgate's nodes are, or at RabbitMQ's default with `default_wal`."""
     url = os.environ.get("BANDGATE_BENCH_AMQP_URL")
     if url:
         yield BenchBroker(url, None)
@@ -45,6 +49,7 @@ def bench_broker(
             root=root,
             settings=settings,
             advanced=advanced,
+            quorum_wal_max_size_bytes=None if default_wal else QUORUM_WAL_MAX_SIZE_BYTES,
         )
         node.start()
         try:

@@ -52,6 +52,7 @@ class TestBroker:
 
     amqp_url: str
     management_url: str
+    node: LocalBroker | None = None  # the private node, when the session started one
 
     def vhost_url(self, vhost: str) -> str:
         scheme, netloc, _, query, fragment = urlsplit(self.amqp_url)
@@ -95,7 +96,7 @@ def session_broker(tmp_dir: Path) -> Iterator[TestBroker]:
     node = LocalBroker(tmp_dir / "rabbitmq", name=f"bandgate-test-{uuid.uuid4().hex[:6]}")
     node.start()
     try:
-        yield TestBroker(node.amqp_url, node.management_url)
+        yield TestBroker(node.amqp_url, node.management_url, node)
     finally:
         node.stop()
 
