@@ -67,12 +67,14 @@ class Unsettled:
         """The acks of `delivery_tags` (now settled): with `join`, one `multiple` ack for those
         below every tag still unsettled, when there are two or more; one ack for each other."""
         self.tags.difference_update(delivery_tags)
+        if not join or len(delivery_tags) < 2:
+            return single_acks(self.channel.number, delivery_tags)
         lowest = min(self.tags, default=None)
-        below = sorted(tag for tag in delivery_tags if lowest is None or tag < lowest)
-        if not join or len(below) < 2:
+        below = [tag for tag in delivery_tags if lowest is None or tag < lowest]
+        if len(below) < 2:
             return single_acks(self.channel.number, delivery_tags)
         rest = [tag for tag in delivery_tags if lowest is not None and tag > lowest]
-        joined = ack_frame(self.channel.number, below[-1], multiple=True)
+        joined = ack_frame(self.channel.number, max(below), multiple=True)
         return joined + single_acks(self.channel.number, rest)
 
 
