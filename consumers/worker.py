@@ -222,6 +222,8 @@ class Worker:
         """Connect, retrying while the broker is not up yet (a worker may start before it)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.connect_timeout_seconds
+        where = self.settings.describe_broker()
+        log.info("connecting to RabbitMQ at %s", where)
         while True:
             try:
                 return await aio_pika.connect_robust(
@@ -231,8 +233,8 @@ class Worker:
                 )
             except (ConnectionError, OSError, aio_pika.exceptions.AMQPConnectionError) as exc:
                 if loop.time() + CONNECT_RETRY_SECONDS > deadline or self._stop.is_set():
-                    raise ConsumerError(f"cannot connect to the broker: {exc}") from exc
-                log.warning("cannot connect to the broker yet (%s); retrying", exc)
+                    raise ConsumerError(f"cannot connect to RabbitMQ at {where}: {exc}") from exc
+                log.warning("cannot connect to RabbitMQ at %s yet (%s); retrying", where, exc)
                 await _first_of(asyncio.sleep(CONNECT_RETRY_SECONDS), self._stop)
 
     async def _shutdown(self) -> None:

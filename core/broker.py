@@ -23,6 +23,7 @@ from bandgate.topology.doctor import check_broker, log_report
 from bandgate.topology.loader import TopologyError
 from bandgate.topology.management import ManagementClient, vhost_of
 from bandgate.topology.model import Topology
+from bandgate.topology.settings import redact
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,11 @@ class BrokerLink:
         declare_topology: bool = True,
         management_url: str | None = None,
         telemetry: Telemetry | None = None,
+        where: str | None = None,
     ) -> None:
         self.amqp_url = amqp_url
+        # How errors name the broker: the URL without its password and the setting that chose it.
+        self.where = where or redact(amqp_url)
         self.topology = topology
         self.connection_name = connection_name
         self.declare_topology = declare_topology
@@ -108,7 +112,7 @@ class BrokerLink:
                     reconnect_interval=RECONNECT_INTERVAL_SECONDS,
                 )
             except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:
-                self.problem = f"cannot connect to the broker: {exc}"
+                self.problem = f"cannot connect to the broker at {self.where}: {exc}"
                 log.warning("%s; retrying in %.1f s", self.problem, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

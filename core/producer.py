@@ -38,6 +38,7 @@ from bandgate.topology.declare import apply_topology
 from bandgate.topology.loader import load_topology
 from bandgate.topology.model import QueueSpec, Topology, UnknownQueueError
 from bandgate.topology.publish_input import MessageInputError, envelope_for
+from bandgate.topology.settings import BrokerSettings, redact
 from bandgate.topology.wire import Envelope, HeaderValue
 
 # The Python name of an HTTP body's field, where they differ.
@@ -104,7 +105,7 @@ class Producer:
     @classmethod
     def connect(
         cls,
-        url: str,
+        url: str | None = None,
         *,
         topology: Topology | str | os.PathLike[str] | None = None,
         confirm_timeout: float = 5.0,
@@ -116,6 +117,10 @@ class Producer:
     ) -> Connecting:
         """Connect to the broker at `url`: `await` it, or `async with` it to close on exit.
 
+        Without `url`, the broker is the one the gateway and the workers would pick:
+        `BANDGATE_AMQP_URL`, else the one `bandgate dev` (`make run`) recorded here, else the
+        default local address (`BrokerSettings`).
+
         The topology is the file `BANDGATE_TOPOLOGY` names (default ./bandgate.toml), as for
         the gateway and the workers, unless given as a `Topology` or a path. The producer
         declares nothing unless `declare_topology` (its user may only be allowed to write);
@@ -123,17 +128,20 @@ class Producer:
         A broker that cannot be reached raises `BrokerUnavailable`.
         """
 
+        settings = BrokerSettings(amqp_url=url) if url else BrokerSettings()
+        where = settings.describe_broker() if url is None else redact(url)
+
         async def open_producer() -> Producer:
             model = topology if isinstance(topology, Topology) else load_topology(topology)
             try:
                 connection = await aio_pika.connect_robust(
-                    url,
+                    settings.amqp_url,
                     client_properties={"connection_name": connection_name},
                     timeout=connect_timeout,
                     reconnect_interval=RECONNECT_INTERVAL_SECONDS,
                 )
             except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:
-                raise BrokerUnavailable(f"cannot connect to the broker: {exc!r}") from None
+                raise BrokerUnavailable(f"cannot connect to RabbitMQ at {where}: {exc!r}") from None
             try:
                 if declare_topology:
                     await apply_topology(connection, model)

@@ -56,7 +56,7 @@ class SyncProducer:
     @classmethod
     def connect(
         cls,
-        url: str,
+        url: str | None = None,
         *,
         topology: Topology | str | os.PathLike[str] | None = None,
         confirm_timeout: float = 5.0,

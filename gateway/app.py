@@ -76,6 +76,7 @@ def create_app(
             declare_topology=resolved.declare_topology,
             management_url=resolved.management_url,
             telemetry=metrics,
+            where=resolved.describe_broker(),
         )
         app.state.settings = resolved
         app.state.topology = model

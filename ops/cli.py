@@ -52,11 +52,12 @@ def gateway(
 @root.command()
 def dev(
     host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="gateway port")] = 8000,
+    port: Annotated[int, typer.Option(help="gateway port", envvar="BANDGATE_PORT")] = 8000,
 ) -> None:
     """Run everything locally: a private RabbitMQ node, the topology and the gateway.
 
-    With BANDGATE_AMQP_URL set, that broker is used and no node is started.
+    With BANDGATE_AMQP_URL set, that broker is used and no node is started. Where the broker
+    and the gateway are goes to .bandgate/dev.json, for the other commands run here.
     """
     from bandgate.ops.dev import run_dev
 

@@ -36,7 +36,13 @@ _IN_ROOT = 'mount --bind "$0/usr" /usr && mount --bind "$0/etc" /etc && exec "$@
 # deliveries stalled for 100-260 ms meanwhile; at 64 MiB it rolls over in small steps, with no
 # such stall seen (README, "What stalls"). It also bounds the memory the WAL's tables take.
 QUORUM_WAL_MAX_SIZE_BYTES = 64 * 1024 * 1024
-_RABBIT_SCHEMA = "usr/lib/rabbitmq/lib/rabbitmq_server-*/plugins/rabbit-*/priv/schema/rabbit.schema"
+# RabbitMQ 4.3 gave quorum queues a Ra system of their own, sized by
+# `quorum_queue.wal_max_size_bytes`, and no longer applies `raft.wal_max_size_bytes` to it
+# (seen: a 158 MB WAL under a 64 MiB `raft.` setting); before 4.3 only the `raft.` key exists,
+# and a node refuses a key its schema lacks. `tests/integration/test_private_node.py` reads the
+# size back from running 3.10.8, 4.0.5 and 4.3.6 nodes.
+QUORUM_QUEUE_WAL_KEY_SINCE = (4, 3)
+SERVER_LIB = Path("usr/lib/rabbitmq/lib")
 
 
 class LocalBrokerError(RuntimeError):
@@ -69,16 +75,24 @@ def rabbitmq_installed(root: Path = Path("/")) -> bool:
     return all((root / path.relative_to("/")).exists() for path in (SERVER, CTL))
 
 
-def quorum_wal_setting(root: Path | None, size: int) -> str:
-    """The rabbitmq.conf line that sizes the quorum queues' WAL on the node installed in `root`.
+def installed_version(root: Path = Path("/")) -> str | None:
+    """The RabbitMQ version installed under `root` (e.g. "4.0.5"), from its library folder."""
+    found = sorted((root / SERVER_LIB).glob("rabbitmq_server-*"))
+    return found[-1].name.removeprefix("rabbitmq_server-") if found else None
 
-    RabbitMQ 4.3 gave quorum queues a Ra system of their own, sized by
-    `quorum_queue.wal_max_size_bytes`, and no longer applies `raft.wal_max_size_bytes` to it
-    (seen: a 158 MB WAL under a 64 MiB `raft.` setting); before 4.3 only the `raft.` key
-    exists, and a node refuses a key its schema lacks. So the schema decides."""
-    schemas = (root or Path("/")).glob(_RABBIT_SCHEMA)
-    own = any("quorum_queue.wal_max_size_bytes" in path.read_text() for path in schemas)
-    return f"{'quorum_queue' if own else 'raft'}.wal_max_size_bytes = {size}"
+
+def quorum_wal_key(version: str) -> str:
+    """The rabbitmq.conf key that sizes quorum queues' WAL on RabbitMQ `version` ("4.3.6", or
+    "4.3" for an image tag)."""
+    major, minor = (int(part) for part in version.split(".")[:2])
+    own = (major, minor) >= QUORUM_QUEUE_WAL_KEY_SINCE
+    return "quorum_queue.wal_max_size_bytes" if own else "raft.wal_max_size_bytes"
+
+
+def quorum_wal_setting(root: Path | None, size: int) -> str:
+    """The rabbitmq.conf line that sizes the quorum queues' WAL on the node installed in `root`."""
+    version = installed_version(root or Path("/"))
+    return f"{quorum_wal_key(version or '0.0')} = {size}"
 
 
 def configured_root() -> Path | None:
@@ -279,6 +293,40 @@ class LocalBroker:
         process.wait(30)
         self.process = None
         _wait_closed((self.amqp_port, self.management_port, self.dist_port), 30)
+
+
+def stop_left_running(pid: int, timeout: float = 60.0) -> bool:
+    """Stop a node that an earlier process started and left running (it was killed itself):
+    SIGTERM to the node's process group, as `LocalBroker.stop` sends, then wait for it to go.
+    `pid` is the group's leader, the `rabbitmq-server` script; a pid that the system has given
+    to another program since is left alone. True if there was such a node."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    if b"rabbitmq" not in command:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _group_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _group_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs; zombies do not count (an orphan's parent
+    may be an init that never reaps them, and a zombie still answers signal 0)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after its ")".
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
 
 
 def _wait_closed(ports: tuple[int, ...], timeout: float) -> None:

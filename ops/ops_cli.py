@@ -26,13 +26,13 @@ from bandgate.ops.ops_support import (
     fail,
     run,
 )
-from bandgate.ops.topology_cli import AmqpUrlOption, ManagementUrlOption, TopologyOption, redact
+from bandgate.ops.topology_cli import AmqpUrlOption, ManagementUrlOption, TopologyOption
 from bandgate.topology import naming
 from bandgate.topology.broker_report import BrokerReport
 from bandgate.topology.doctor import check_broker
 from bandgate.topology.management import ManagementClient, vhost_of
 from bandgate.topology.model import Topology
-from bandgate.topology.settings import BrokerSettings
+from bandgate.topology.settings import BrokerSettings, redact
 
 
 def _management(settings: BrokerSettings) -> ManagementClient | None:

@@ -27,7 +27,6 @@ from bandgate.ops.topology_cli import (
     connect,
     duration,
     reason,
-    redact,
 )
 from bandgate.topology.loader import TopologyError
 from bandgate.topology.model import Topology, UnknownQueueError
@@ -69,12 +68,14 @@ def run(
     try:
         topology = settings.load_topology()
         return asyncio.run(_connected(settings, topology, work))
-    except (CliFailure, TopologyError, DeadLetterError, StatsError) as exc:
+    except (CliFailure, TopologyError) as exc:
         fail(str(exc))
+    except (DeadLetterError, StatsError) as exc:
+        fail(f"{exc} (RabbitMQ at {settings.describe_broker()})")
     except UnknownQueueError as exc:
         fail(f"{exc}: the topology in {settings.topology} does not define it")
     except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:
-        fail(f"RabbitMQ at {redact(settings.amqp_url)} failed: {reason(exc)}")
+        fail(f"RabbitMQ at {settings.describe_broker()} failed: {reason(exc)}")
 
 
 async def _connected(

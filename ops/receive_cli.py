@@ -21,8 +21,8 @@ import httpx
 import orjson
 import typer
 
-from bandgate.ops.topology_cli import redact
 from bandgate.pull.settings import MAX_MESSAGES, MAX_VISIBILITY_SECONDS, MAX_WAIT_SECONDS
+from bandgate.topology.settings import redact
 
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
 REQUEST_TIMEOUT = 30.0

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
-from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import aiormq
@@ -32,7 +31,7 @@ from bandgate.topology.export import DEV_PASSWORD, DEV_USER, definitions, to_jso
 from bandgate.topology.loader import TopologyError
 from bandgate.topology.management import ManagementClient, vhost_of
 from bandgate.topology.model import Band, QueueSpec, RetryPolicy, Topology
-from bandgate.topology.settings import BrokerSettings
+from bandgate.topology.settings import BrokerSettings, redact
 
 CONNECT_TIMEOUT_SECONDS = 10.0
 
@@ -100,16 +99,6 @@ def _load(settings: BrokerSettings) -> Topology:
         _fail(str(exc))
 
 
-def redact(url: str) -> str:
-    """`url` with its password replaced by `***`, fit to print."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
 # aiormq logs a failed connect at ERROR before raising; the CLI reports it once, itself.
 _AIORMQ_CONNECTION_LOG = "aiormq.connection"
 
@@ -126,8 +115,14 @@ def quiet(logger_name: str) -> Iterator[None]:
 
 
 async def connect(settings: BrokerSettings) -> AbstractConnection:
-    """Open the CLI's connection; every way that fails becomes one `CliFailure` line."""
-    where = redact(settings.amqp_url)
+    """Open the CLI's connection; every way that fails becomes one `CliFailure` line that
+    names the broker and the setting that chose it."""
+    where = settings.describe_broker()
+    if not settings.chosen:
+        # Nobody chose this broker: say which one is asked, lest another one answers unnoticed.
+        Console(stderr=True, highlight=False).print(
+            f"using RabbitMQ at {where}", markup=False, soft_wrap=True, style="dim"
+        )
     try:
         with quiet(_AIORMQ_CONNECTION_LOG):
             return await aio_pika.connect(

@@ -23,11 +23,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from bandgate.ops.local_broker import installed_version
+
 # RabbitMQ minor version -> the Debian suite that ships it (checked after each build).
 SUITES = {"3.10": "bookworm", "4.0": "trixie", "4.3": "sid"}
 ROOTS_DIR = Path(__file__).resolve().parent.parent / ".bandgate" / "roots"
 MIRROR = os.environ.get("BANDGATE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-SERVER_LIB = Path("usr/lib/rabbitmq/lib")
 BUILD_TIMEOUT = 30 * 60
 
 
@@ -37,12 +38,6 @@ class RootError(RuntimeError):
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def installed_version(root: Path = Path("/")) -> str | None:
-    """The RabbitMQ version installed under `root` (e.g. "4.0.5"), from its library folder."""
-    found = sorted((root / SERVER_LIB).glob("rabbitmq_server-*"))
-    return found[-1].name.removeprefix("rabbitmq_server-") if found else None
 
 
 def _matches(found: str | None, version: str) -> bool:

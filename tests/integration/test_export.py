@@ -16,7 +16,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from bandgate.ops.local_broker import LocalBroker, free_port
+from bandgate.ops.local_broker import LocalBroker, free_port, quorum_wal_setting
 from bandgate.ops.topology_cli import app
 from bandgate.topology import export
 from bandgate.topology.declare import apply_topology
@@ -172,7 +172,8 @@ def test_apply_conflict_exits_1_with_the_difference(broker: TestBroker, amqp_url
 
 @dataclass
 class BootedBroker(LocalBroker):
-    """A private node configured by the committed rabbitmq/ files, ports and paths aside."""
+    """A private node configured by the committed rabbitmq/ files, ports, paths and the WAL
+    setting's key (the session's version may not be the compose image's) aside."""
 
     prometheus_port: int = 0
 
@@ -190,6 +191,10 @@ class BootedBroker(LocalBroker):
             match = re.match(r"^\s*([\w.]+)\s*=", line)
             if match and match[1] in local:
                 line = f"{match[1]} = {local[match[1]]}"
+            elif match and match[1].endswith(".wal_max_size_bytes"):
+                # Named as the compose image's version takes it; a node of another version
+                # refuses a key it does not know, so it gets its own key, at the same size.
+                line = quorum_wal_setting(self.root, int(line.partition("=")[2]))
             lines.append(line)
         lines += ["management.tcp.ip = 127.0.0.1", "prometheus.tcp.ip = 127.0.0.1"]
         (self.base_dir / "rabbitmq.conf").write_text("\n".join(lines) + "\n")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bandgate.ops.local_broker import LocalBroker, LocalBrokerError
+from bandgate.ops.local_broker import LocalBroker, LocalBrokerError, installed_version
 from tools import broker_roots
 from tools.broker_roots import RootError
 
@@ -17,8 +17,8 @@ def fake_root(path: Path, version: str) -> Path:
 
 
 def test_installed_version_reads_the_server_folder(tmp_path: Path) -> None:
-    assert broker_roots.installed_version(fake_root(tmp_path, "4.3.6")) == "4.3.6"
-    assert broker_roots.installed_version(tmp_path / "empty") is None
+    assert installed_version(fake_root(tmp_path, "4.3.6")) == "4.3.6"
+    assert installed_version(tmp_path / "empty") is None
 
 
 def test_a_cached_root_is_used_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

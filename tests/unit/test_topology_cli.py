@@ -9,9 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from bandgate.ops.local_broker import free_port
-from bandgate.ops.topology_cli import app, duration, redact
+from bandgate.ops.topology_cli import app, duration
 from bandgate.topology import export
 from bandgate.topology.loader import TOPOLOGY_ENV, load_topology
+from bandgate.topology.settings import redact
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "bandgate.toml"
@@ -117,7 +118,8 @@ def test_apply_without_a_broker_says_where_it_tried_and_hides_the_password(
     assert result.exit_code == 1
     assert isinstance(result.exception, SystemExit)
     assert result.stderr.startswith(
-        f"error: cannot connect to RabbitMQ at {url.replace('s3cret', '***')}: "
+        f"error: cannot connect to RabbitMQ at {url.replace('s3cret', '***')} "
+        "(from the URL given explicitly): "
     )
     assert "s3cret" not in result.output
     assert "Traceback" not in result.output

@@ -1,0 +1,125 @@
+"""`bandgate dev` starts again over its own data however its last run ended, and tells the
+other commands where its broker is (issue: `make run` worked once, then failed on every start
+with `home node ... of durable queue 'zz.bandgate.ledger' ... is down or inaccessible`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bandgate.ops.local_broker import free_port
+from bandgate.topology.dev_record import DevRecord
+from tests.integration.dev_stack import DevStack, clean_environment
+
+# `bandgate dev` runs the installed RabbitMQ, whatever version the session's nodes run.
+pytestmark = [pytest.mark.integration, pytest.mark.broker_independent]
+
+ROOT = Path(__file__).resolve().parents[2]
+BANDGATE = str(Path(sys.executable).parent / "bandgate")
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[DevStack]:
+    shutil.copy(ROOT / "bandgate.toml", tmp_path / "bandgate.toml")
+    port = free_port()
+    dev = DevStack(tmp_path, [BANDGATE, "dev", "--port", str(port)], clean_environment())
+    try:
+        yield dev
+    finally:
+        dev.close()
+
+
+def publish(record: DevRecord, order_id: int, priority: int) -> None:
+    response = httpx.post(
+        f"{record.gateway_url}/v1/queues/orders/messages",
+        json={"payload": {"order_id": order_id}, "priority": priority},
+        timeout=30,
+    )
+    assert response.status_code == 201, response.text
+
+
+def ready_counts(directory: Path) -> dict[str, int]:
+    """`bandgate stats orders --json` from a second shell: nothing exported, same directory."""
+    result = subprocess.run(
+        [BANDGATE, "stats", "orders", "--json"],
+        cwd=directory,
+        env=clean_environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stdout)
+    return {band["band"]: band["ready"] for band in stats["bands"]}
+
+
+def test_restarts_over_its_data_after_ctrl_c_a_node_crash_and_its_own_kill(
+    stack: DevStack,
+) -> None:
+    first = stack.start()
+    assert first.node is not None
+    publish(first, 1, 8)
+    publish(first, 2, 1)
+    assert stack.interrupt() == 0
+    assert stack.record.dev_pid is None  # a clean stop says so
+
+    second = stack.start()
+    assert ready_counts(stack.directory) == {"hot": 1, "warm": 0, "cold": 1}
+    publish(second, 3, 5)
+
+    stack.kill_node()  # the broker crashes under the running stack
+    stack.interrupt()
+    third = stack.start()
+    assert ready_counts(stack.directory) == {"hot": 1, "warm": 1, "cold": 1}
+    publish(third, 4, 9)
+
+    stack.kill()  # `bandgate dev` itself dies; its node lives on in a session of its own
+    fourth = stack.start()
+    assert "left running" in stack.log.read_text()
+    assert fourth.amqp_url == first.amqp_url or fourth.node == first.node
+    assert ready_counts(stack.directory) == {"hot": 2, "warm": 1, "cold": 1}
+    assert stack.interrupt() == 0
+
+
+def test_a_second_dev_in_the_same_directory_is_refused(stack: DevStack) -> None:
+    record = stack.start()
+    result = subprocess.run(
+        [BANDGATE, "dev", "--port", str(free_port())],
+        cwd=stack.directory,
+        env=clean_environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "already runs here" in result.stderr
+    assert record.gateway_url in result.stderr.replace("\n", "")
+    assert httpx.get(f"{record.gateway_url}/readyz", timeout=5).status_code == 200
+
+
+def test_commands_say_which_broker_failed_and_what_chose_it(stack: DevStack) -> None:
+    stack.start()
+    stack.interrupt()
+    result = subprocess.run(
+        [BANDGATE, "stats", "orders"],
+        cwd=stack.directory,
+        env=clean_environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    message = " ".join(result.stderr.split())
+    assert result.returncode == 1
+    assert stack.record.amqp_url.replace("guest:guest", "guest:***") in message
+    assert "dev.json" in message
+    assert "`bandgate dev` is not running" in message
