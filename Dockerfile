@@ -8,11 +8,20 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-COPY pyproject.toml README.md ./
-COPY topology ./topology
-COPY gateway ./gateway
-COPY consumers ./consumers
-RUN pip install . && rm -rf build *.egg-info
+# The package's sources, built and installed from /src, then removed. The import package
+# bandgate/ holds one link per floor (bandgate/core -> ../core, ...): COPY keeps the links as
+# they are and setuptools packages each floor through its link, so every floor a link points
+# to is copied beside it (tests/unit/test_compose.py checks that). Building outside /app leaves
+# the working directory without a second `bandgate` that `python` started there would import.
+COPY pyproject.toml README.md /src/
+COPY bandgate /src/bandgate
+COPY topology /src/topology
+COPY core /src/core
+COPY gateway /src/gateway
+COPY consumers /src/consumers
+COPY pull /src/pull
+COPY ops /src/ops
+RUN pip install /src && rm -rf /src
 
 # The shipped topology, and the example worker `bandgate worker examples.worker:app` imports from
 # the working directory.
