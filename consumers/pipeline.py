@@ -180,7 +180,9 @@ class Pipeline:
             describe(error),
             outcome,
             " in place (ordered queue)" if self._in_place(outcome) else "",
-            exc_info=not isinstance(error, Retry | Reject),
+            # The error itself: this runs after its `except` block, where sys.exc_info() is
+            # empty and `exc_info=True` printed "NoneType: None" under every failure.
+            exc_info=None if isinstance(error, Retry | Reject) else error,
         )
 
 

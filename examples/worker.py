@@ -1,13 +1,15 @@
 """An example worker: run it with `bandgate worker examples.worker:app`.
 
-Settings come from the environment: BANDGATE_AMQP_URL, BANDGATE_TOPOLOGY (default
-./bandgate.toml, which defines `orders` and `emails`), BANDGATE_SHUTDOWN_GRACE_SECONDS, ...
+Settings come from the environment: BANDGATE_AMQP_URL (default: the broker `make run` started
+here), BANDGATE_TOPOLOGY (default ./bandgate.toml, which defines `orders` and `emails`),
+BANDGATE_SHUTDOWN_GRACE_SECONDS, ...; EXAMPLE_STOCK (default 100) is this example's own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 from bandgate.consumers import ConsumerApp, Message, Reject, Retry
@@ -42,8 +44,12 @@ async def process_order(msg: Message) -> None:
 
 async def reserve_stock(order: dict[str, Any]) -> None:
     await asyncio.sleep(0)  # stands in for a database call
-    if order.get("quantity", 1) > 100:
-        raise OutOfStock(f"only 100 in stock, order {order['order_id']} wants {order['quantity']}")
+    # The README's dead-letter walk-through restocks by restarting with EXAMPLE_STOCK=1000.
+    stock = int(os.environ.get("EXAMPLE_STOCK", "100"))
+    if order.get("quantity", 1) > stock:
+        raise OutOfStock(
+            f"only {stock} in stock, order {order['order_id']} wants {order['quantity']}"
+        )
 
 
 @app.consumer("emails", concurrency=4, policy="weighted")
