@@ -45,10 +45,10 @@ def publish(record: DevRecord, order_id: int, priority: int) -> None:
     assert response.status_code == 201, response.text
 
 
-def ready_counts(directory: Path) -> dict[str, int]:
-    """`bandgate stats orders --json` from a second shell: nothing exported, same directory."""
-    result = subprocess.run(
-        [BANDGATE, "stats", "orders", "--json"],
+def second_shell(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`bandgate ARGS` from a second shell: nothing exported, in the same directory."""
+    return subprocess.run(
+        [BANDGATE, *args],
         cwd=directory,
         env=clean_environment(),
         capture_output=True,
@@ -56,6 +56,10 @@ def ready_counts(directory: Path) -> dict[str, int]:
         timeout=60,
         check=False,
     )
+
+
+def ready_counts(directory: Path) -> dict[str, int]:
+    result = second_shell(directory, "stats", "orders", "--json")
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stdout)
     return {band["band"]: band["ready"] for band in stats["bands"]}
@@ -91,15 +95,7 @@ def test_restarts_over_its_data_after_ctrl_c_a_node_crash_and_its_own_kill(
 
 def test_a_second_dev_in_the_same_directory_is_refused(stack: DevStack) -> None:
     record = stack.start()
-    result = subprocess.run(
-        [BANDGATE, "dev", "--port", str(free_port())],
-        cwd=stack.directory,
-        env=clean_environment(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = second_shell(stack.directory, "dev", "--port", str(free_port()))
     assert result.returncode == 1
     assert "already runs here" in result.stderr
     assert record.gateway_url in result.stderr.replace("\n", "")
@@ -109,15 +105,7 @@ def test_a_second_dev_in_the_same_directory_is_refused(stack: DevStack) -> None:
 def test_commands_say_which_broker_failed_and_what_chose_it(stack: DevStack) -> None:
     stack.start()
     stack.interrupt()
-    result = subprocess.run(
-        [BANDGATE, "stats", "orders"],
-        cwd=stack.directory,
-        env=clean_environment(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = second_shell(stack.directory, "stats", "orders")
     message = " ".join(result.stderr.split())
     assert result.returncode == 1
     assert stack.record.amqp_url.replace("guest:guest", "guest:***") in message
