@@ -5,6 +5,16 @@ of the message at the head of the band from the management API when one is confi
 figures are refreshed every few seconds). The head's age needs the broker to track it: classic
 queues report `head_message_timestamp` (bandgate sets the AMQP timestamp on every message);
 quorum queues on 3.x do not, and their age is null.
+
+The management API lists a queue its statistics database has not sampled yet without any
+counts: for 5 s after a classic queue is declared, up to 10 s for a quorum queue (its counts
+reach the database on a Ra tick, then a collection interval), so right after `make run` or a
+topology apply every band's unacked was null. Unacked is then read from the broker's own
+counters (`ManagementClient.queue_counts`), which exist from the declaration on: a classic
+queue's current, a quorum queue's as of its last Ra tick (every 5 s; 0 before the first), no
+staler than the database's figures are later. AMQP cannot stand in: it tells no unacked
+count, and "no consumers, so none unacked" is false (a `basic.get` without ack, as the DLQ
+listing does, holds messages with no consumer).
 """
 
 from __future__ import annotations
@@ -97,7 +107,9 @@ async def collect_queue_stats(
 
     `delayed` counts the whole deployment's delay ladder, which all queues share.
     """
-    details = await _management_view(management)
+    details = await _management_view(
+        management, [name for band in spec.bands for name in spec.band_queues(band)]
+    )
     try:
         channel = await connection.channel(publisher_confirms=False)
     except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
@@ -225,14 +237,36 @@ def _unacked(view: Mapping[str, Any] | None) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-async def _management_view(management: ManagementClient | None) -> dict[str, dict[str, Any]] | None:
-    """The management API's view of every queue in the vhost, by name; None without one."""
+_UNACKED = "messages_unacknowledged"
+
+
+async def _management_view(
+    management: ManagementClient | None, needed: Iterable[str]
+) -> dict[str, dict[str, Any]] | None:
+    """The management API's view of every queue in the vhost, by name; None without one.
+    A `needed` queue the statistics database has not sampled yet gets its unacked count from
+    the broker's counters (module docstring)."""
     if management is None:
         return None
     try:
-        queues = await management.queues()
+        views = _by_name(await management.queues())
     except (httpx.HTTPError, ValueError):
         return None
+    unsampled = [name for name in needed if _UNACKED not in views.get(name, {})]
+    if not unsampled:
+        return views
+    try:
+        counts = _by_name(await management.queue_counts())
+    except (httpx.HTTPError, ValueError):
+        return views
+    for name in unsampled:
+        unacked = counts.get(name, {}).get(_UNACKED)
+        if unacked is not None:
+            views[name] = {**views.get(name, {"name": name}), _UNACKED: unacked}
+    return views
+
+
+def _by_name(queues: Iterable[Any]) -> dict[str, dict[str, Any]]:
     return {item["name"]: item for item in queues if isinstance(item, dict) and "name" in item}
 
 

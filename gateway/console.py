@@ -6,7 +6,9 @@ with the bearer token the operator pastes (kept in the tab's sessionStorage). `G
 /v1/console/overview` needs `read:<queue>` for each queue it lists (403 when none); dead
 letters are listed, replayed and purged by the `admin`-only endpoints of `gateway.dlq_routes`,
 and `POST /v1/console/queues/{queue}/dlq/replay` replays selected ones through the same
-`core.dead_letters.replay`, streaming its progress as JSON lines.
+`core.dead_letters.replay`, streaming its progress as JSON lines. Cancel, replace and escalate
+by id are the API's own routes (`gateway.message_routes`), with the same token and scope
+(`publish:<queue>`); the overview only says which queues the token may act on.
 """
 
 from __future__ import annotations
@@ -83,9 +85,13 @@ async def overview(request: Request) -> Response:
             "management": link.management is not None,
             "interval_seconds": sampler.interval,
             "window_seconds": sampler.histories[readable[0]].window,
+            # The delay ladder is shared by every queue: its count is the deployment's.
+            "delayed": sampler.delayed,
+            "delayed_scope": "deployment",
             "queues": [
                 {
                     "queue": name,
+                    "may_publish": principal.may("publish", name),
                     "problem": sampler.problems.get(name),
                     **sampler.histories[name].to_json(now or 0.0),
                 }

@@ -4,7 +4,8 @@ looks).
 
 Counts come from `core.queue_stats.collect_queue_stats` (the numbers `GET .../stats` gives);
 publish and delivery rates from the management API's `message_stats`, when the gateway has a
-management URL (without one, rates and estimated waits are null).
+management URL (without one, rates and estimated waits are null). The delayed count is the
+delay ladder's, which every queue shares: it is kept once, for the deployment, never per queue.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class ConsoleSampler:
         self.interval = interval
         self.histories = {name: QueueHistory(window) for name in topology.queues}
         self.problems: dict[str, str] = {}
+        self.delayed: int | None = None  # the whole deployment's delay ladder
         self._lock = asyncio.Lock()
         self._last: float | None = None
 
@@ -70,9 +72,8 @@ class ConsoleSampler:
                     problems[spec.name] = str(exc)
                     continue
                 points = {band["band"]: _point(band, views) for band in stats["bands"]}
-                self.histories[spec.name].record(
-                    points, time.time(), stats["delayed"], stats["dead_lettered"]
-                )
+                self.histories[spec.name].record(points, time.time(), stats["dead_lettered"])
+                self.delayed = stats["delayed"]
             self.problems = problems
 
 

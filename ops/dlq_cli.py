@@ -7,13 +7,15 @@ of the queue runs, a command waits up to 10 s, then fails with one line saying s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 import orjson
 import typer
 from aio_pika.abc import AbstractConnection
-from rich.console import Console
-from rich.markup import escape
+from rich import box
+from rich.console import Console, Group
+from rich.padding import Padding
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -23,7 +25,9 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
+from bandgate.core.dead_letter_records import DeadLetter
 from bandgate.core.dead_letters import (
     MAX_LIST,
     MAX_RATE,
@@ -128,21 +132,33 @@ def list_command(
         out.print(f"No dead letters {what}in {dlq} ({total} in all).", markup=False)
         return
     filtered = f" matching {reason!r}" if reason else ""
-    title = escape(f"{dlq}: {len(records)} of {total} dead letters{filtered}, oldest first")
-    table = Table(title=title, title_justify="left")
-    for column in ("Message id", "Cause", "Reason", "Attempts", "Band", "Priority", "Dead for"):
-        table.add_column(column, overflow="fold")
+    title = f"{dlq}: {len(records)} of {total} dead letters{filtered}, oldest first"
+    out.print(dead_letter_table(records, title))
+
+
+def dead_letter_table(records: Sequence[DeadLetter], title: str) -> Table:
+    """One dead letter per row, readable at 80 columns: the id whole on its line (a UUID is
+    36 characters; folded, it took four lines), its cause and reason folded under it, and the
+    short columns never wrapped."""
+    table = Table(title=Text(title), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
+    table.add_column("Message id\n  cause: reason")
+    table.add_column("Attempts", justify="right", no_wrap=True)
+    table.add_column("Band", no_wrap=True)
+    table.add_column("Priority", justify="right", no_wrap=True)
+    table.add_column("Dead for", no_wrap=True)
     for record in records:
+        why = ": ".join(part for part in (record.cause, record.reason) if part) or "-"
         table.add_row(
-            escape(record.message_id),
-            escape(cell_text(record.cause)),
-            escape(cell_text(record.reason)),
+            Group(
+                Text(record.message_id, overflow="fold"),  # one word: its width is kept
+                Padding(Text(why, style="dim", overflow="fold"), (0, 0, 0, 2)),
+            ),
             cell_text(record.attempts),
-            escape(cell_text(record.original_band)),
+            Text(cell_text(record.original_band)),  # Text: never read as markup
             cell_text(record.priority),
             age_text(record.age_seconds),
         )
-    out.print(table)
+    return table
 
 
 @dlq_app.command("replay")
@@ -235,4 +251,4 @@ def purge_command(
     console().print(f"Purged {count} dead letters from {dlq}.", markup=False)
 
 
-__all__ = ["dlq_app"]
+__all__ = ["dead_letter_table", "dlq_app"]

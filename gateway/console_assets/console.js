@@ -1,10 +1,48 @@
 // bandgate console: reads /v1/console/overview every few seconds and draws it; lists,
-// replays and purges dead letters through the admin endpoints. Plain JS, no build step.
+// replays and purges dead letters through the admin endpoints; cancels, replaces and
+// escalates a message by id through the API's own routes. Plain JS, no build step.
 "use strict";
 
-const COLORS = ["#d62828", "#f77f00", "#277da1", "#6a4c93", "#52796f", "#8a93a0"];
 const TOKEN_KEY = "bandgate.token";
 const built = new Map(); // queue name -> its section's parts
+let stopped = false; // a 401: polling waits for another token
+
+// A band is drawn by its place among its queue's bands, hottest first, so that every queue's
+// hottest band is red and its coldest blue; the ones between run from orange towards green.
+// Lines also differ in dash and width (hottest solid and widest, coldest dotted, drawn on top),
+// so lines that coincide stay apart.
+const MIDDLE_DASHES = ["8 4", "10 3 2 3", "5 5", "12 4 2 4 2 4"];
+
+function bandHue(index, count) {
+  if (index === 0) return 0;
+  if (index === count - 1) return 215;
+  return 30 + (130 * (index - 1)) / (count - 2);
+}
+
+function hslHex(hue, saturation, lightness) {
+  const f = (n) => {
+    const k = (n + hue / 30) % 12;
+    const value = lightness - saturation * Math.min(lightness, 1 - lightness) *
+      Math.max(-1, Math.min(k - 3, 9 - k, 1));
+    return Math.round(value * 255).toString(16).padStart(2, "0");
+  };
+  return "#" + f(0) + f(8) + f(4);
+}
+
+function bandStyle(index, count) {
+  const coldest = count > 1 && index === count - 1;
+  return {
+    color: hslHex(bandHue(index, count), 0.7, 0.45),
+    dash: index === 0 ? "" : coldest ? "2 3" : MIDDLE_DASHES[(index - 1) % MIDDLE_DASHES.length],
+    width: index === 0 ? 3.5 : coldest ? 2 : 2.5,
+  };
+}
+
+function strokeAttrs(style) {
+  const attrs = { stroke: style.color, "stroke-width": String(style.width) };
+  if (style.dash) attrs["stroke-dasharray"] = style.dash;
+  return attrs;
+}
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -30,9 +68,15 @@ async function api(method, path, body) {
   const response = await fetch(path, init);
   if (!response.ok) {
     let message = response.status + " " + response.statusText;
-    try { message = (await response.json()).error.message; } catch (e) { /* not JSON */ }
+    let code = null;
+    try {
+      const answer = (await response.json()).error;
+      message = answer.message;
+      code = answer.code;
+    } catch (e) { /* not JSON */ }
     const error = new Error(message);
     error.status = response.status;
+    error.code = code;
     throw error;
   }
   return response;
@@ -48,20 +92,47 @@ function age(seconds) {
   return (seconds / 3600).toFixed(1) + " h";
 }
 
+// The wait column says how the figure was found, and when it is only a bound (the gateway
+// knows a backlog's age from its own samples alone).
+function waitText(band) {
+  const seconds = band.wait_seconds;
+  switch (band.wait_source) {
+    case "empty": return age(0);
+    case "head": return age(seconds) + " (head)";
+    case "estimate": return "≈ " + age(seconds) + " (estimate)";
+    case "backlog":
+      if (seconds === null || seconds === undefined) return "new backlog, age unknown";
+      if (band.wait_bound === "at_most") return "≤ " + age(seconds) + " (new backlog)";
+      return "≥ " + age(seconds) + " (backlog)";
+    default: return "–";
+  }
+}
+
+const WAIT_TITLES = {
+  empty: "nothing is waiting in this band",
+  head: "the age of the message at the head of the band",
+  estimate: "ready ÷ delivery rate (Little's law)",
+  backlog: "nothing drains this backlog: how long the gateway has seen it (a bound)",
+};
+
 function notice(text) { document.getElementById("notice").textContent = text || ""; }
 
-function buildQueue(name, admin) {
+function buildQueue(queue, admin) {
+  const name = queue.queue;
   const summary = el("p", { class: "summary" });
   const tbody = el("tbody");
   const table = el("table", { class: "bands" },
     el("thead", {}, el("tr", {}, ...["band", "ready", "unacked", "consumers", "oldest",
       "wait now", "p50", "p99", "in", "out"].map((h) => el("th", {}, h)))), tbody);
-  const chart = svg("svg", { class: "chart", width: "400", height: "170", viewBox: "0 0 400 170" });
+  const chart = svg("svg", { class: "chart", width: "400", height: "150", viewBox: "0 0 400 150" });
+  const legend = el("div", { class: "legend" });
   const section = el("section", { class: "queue", id: "q-" + name },
-    el("h2", {}, name), summary, el("div", { class: "row" }, table, chart));
+    el("h2", {}, name), summary,
+    el("div", { class: "row" }, table, el("figure", { class: "wait-chart" }, chart, legend)));
+  if (queue.may_publish) section.append(buildMessageActions(name, queue.bands.map((b) => b.band)));
   if (admin) section.append(buildDeadLetters(name));
   document.getElementById("queues").append(section);
-  const parts = { summary, tbody, chart };
+  const parts = { summary, tbody, chart, legend };
   built.set(name, parts);
   return parts;
 }
@@ -70,31 +141,40 @@ function drawQueue(queue, windowSeconds) {
   const parts = built.get(queue.queue);
   parts.summary.replaceChildren(
     ...[["in", rate(queue.publish_rate)], ["out", rate(queue.deliver_rate)],
-      ["delayed", count(queue.delayed)], ["dead-lettered", count(queue.dead_lettered)]]
+      ["dead-lettered", count(queue.dead_lettered)]]
       .map(([label, value]) => el("span", { class: label }, label + " ", el("b", {}, value))),
     queue.problem ? el("span", { class: "danger" }, queue.problem) : "");
+  const styles = queue.bands.map((_, index) => bandStyle(index, queue.bands.length));
   parts.tbody.replaceChildren(...queue.bands.map((band, index) => {
-    const swatch = el("span", { class: "swatch" });
-    swatch.style.background = COLORS[index % COLORS.length];
-    const wait = age(band.wait_seconds) + (band.wait_source && band.wait_source !== "empty"
-      ? " (" + band.wait_source + ")" : "");
+    const swatch = el("span", { class: "swatch", "data-color": styles[index].color });
+    swatch.style.background = styles[index].color;
     return el("tr", { "data-band": band.band },
       el("td", { class: "band" }, swatch, band.band),
       el("td", { class: "ready" }, count(band.ready)),
       el("td", { class: "unacked" }, count(band.unacked)),
       el("td", { class: "consumers" }, count(band.consumers)),
       el("td", { class: "oldest" }, age(band.oldest_ready_age_seconds)),
-      el("td", { class: "wait" }, wait),
+      el("td", { class: "wait", "data-source": band.wait_source || "",
+        title: WAIT_TITLES[band.wait_source] || "not known" }, waitText(band)),
       el("td", { class: "p50" }, age(band.wait_p50_seconds)),
       el("td", { class: "p99" }, age(band.wait_p99_seconds)),
       el("td", { class: "in" }, rate(band.publish_rate)),
       el("td", { class: "out" }, rate(band.deliver_rate)));
   }));
-  drawChart(parts.chart, queue, windowSeconds);
+  drawChart(parts.chart, queue, windowSeconds, styles);
+  drawLegend(parts.legend, queue, styles);
 }
 
-function drawChart(chart, queue, windowSeconds) {
-  const [left, top, width, height] = [44, 10, 346, 130];
+function drawLegend(legend, queue, styles) {
+  legend.replaceChildren(...queue.bands.map((band, index) => {
+    const sample = svg("svg", { class: "legend-swatch", width: "30", height: "10", viewBox: "0 0 30 10" });
+    sample.append(svg("line", { x1: "1", y1: "5", x2: "29", y2: "5", ...strokeAttrs(styles[index]) }));
+    return el("span", { class: "legend-item", "data-band": band.band }, sample, band.band);
+  }));
+}
+
+function drawChart(chart, queue, windowSeconds, styles) {
+  const [left, top, width, height] = [44, 10, 346, 118];
   // The x axis spans what the gateway has seen (at least a minute), up to the whole window.
   let highest = 1;
   let span = 60;
@@ -114,18 +194,105 @@ function drawChart(chart, queue, windowSeconds) {
   nodes.push(label(age(highest), { x: 2, y: top + 8 }), label("0", { x: 30, y: top + height }));
   nodes.push(label("-" + age(span), { x: left, y: top + height + 14 }));
   nodes.push(label("now", { x: left + width - 18, y: top + height + 14 }));
-  nodes.push(label("wait per band", { x: left + width - 80, y: top + 8 }));
+  nodes.push(label("wait per band", { x: left + 6, y: top + 8 }));
+  // Hottest first, so the colder (narrower, dashed) lines lie on top of it.
   queue.bands.forEach((band, index) => {
-    const color = COLORS[index % COLORS.length];
     const points = (queue.chart[band.band] || []).filter(([, wait]) => wait !== null)
       .map(([ago, wait]) => x(ago).toFixed(1) + "," + y(wait).toFixed(1));
     if (points.length) {
-      nodes.push(svg("polyline", { points: points.join(" "), fill: "none", stroke: color,
-        "stroke-width": "2", "data-band": band.band }));
+      nodes.push(svg("polyline", { points: points.join(" "), fill: "none",
+        ...strokeAttrs(styles[index]), "data-band": band.band }));
+      // The latest sample as a dot: a line of one sample (a backlog just found) shows too.
+      const [cx, cy] = points[points.length - 1].split(",");
+      nodes.push(svg("circle", { cx, cy, r: String(styles[index].width), fill: styles[index].color,
+        class: "latest", "data-band": band.band }));
     }
-    nodes.push(label(band.band, { x: left + 8 + index * 60, y: top + height + 28, fill: color }));
   });
   chart.replaceChildren(...nodes);
+}
+
+// Cancel, replace and escalate one message by id: the API's own routes, with the token the
+// operator pasted (they need publish:<queue>), their answers and errors shown as they come.
+function buildMessageActions(name, bands) {
+  const id = el("input", { class: "message-id", placeholder: "message id", size: "22" });
+  const body = el("textarea", { class: "message-body", rows: "3", cols: "48",
+    spellcheck: "false", placeholder: '{"payload": {...}, "priority": 7}' });
+  const cancel = el("button", { type: "button", class: "cancel-message" }, "Cancel message");
+  const replace = el("button", { type: "button", class: "replace-message" }, "Replace");
+  const target = el("select", { class: "escalate-to" },
+    ...bands.map((band) => el("option", { value: "band:" + band }, "band " + band)),
+    ...[9, 8, 7, 6, 5, 4, 3, 2, 1, 0].map((n) => el("option", { value: "priority:" + n }, "priority " + n)));
+  const escalate = el("button", { type: "button", class: "escalate-message" }, "Escalate");
+  const result = el("p", { class: "message-result", role: "status" });
+  const note = el("p", { class: "message-note muted" });
+  // status: the HTTP status; 0 for a refusal in the page itself; null while a request runs.
+  const show = (text, status, code, extra) => {
+    result.textContent = text;
+    if (status === null) delete result.dataset.status;
+    else result.dataset.status = String(status);
+    result.dataset.code = code || "";
+    result.classList.toggle("danger", status !== null && (status === 0 || status >= 400));
+    note.textContent = extra || "";
+  };
+  const parsedBody = () => {
+    let data;
+    try { data = JSON.parse(body.value); } catch (error) {
+      show("the message body is not JSON: " + error.message, 0, "not_json");
+      return null;
+    }
+    if (data === null || typeof data !== "object" || Array.isArray(data)) {
+      show('the message body must be a JSON object, e.g. {"payload": {...}}', 0, "not_an_object");
+      return null;
+    }
+    return data;
+  };
+  const act = async (what, method, suffix, data) => {
+    const messageId = id.value.trim();
+    if (!messageId) { show("type the message id first", 0, "missing_id"); return; }
+    for (const button of [cancel, replace, escalate]) button.disabled = true;
+    show(method + " " + messageId + "…", null, "");
+    try {
+      const path = "/v1/queues/" + encodeURIComponent(name) + "/messages/" +
+        encodeURIComponent(messageId) + suffix;
+      const response = await api(method, path, data);
+      const answer = await response.json();
+      if (method === "DELETE") {
+        show("cancelled " + answer.message_id + ": copies published before generation " +
+          answer.cancelled_before + " will not run (" + response.status + ")",
+          response.status, "", answer.note);
+      } else {
+        show(what + " " + answer.message_id + ": now priority " + answer.priority + " in band " +
+          answer.band + ", generation " + answer.generation + " (" + response.status + ")",
+          response.status, "");
+      }
+    } catch (error) {
+      const why = error.status ? error.status + " " + (error.code || "error") : "no answer";
+      show("refused: " + why + ": " + error.message, error.status || 0, error.code);
+    } finally {
+      for (const button of [cancel, replace, escalate]) button.disabled = false;
+    }
+  };
+  cancel.addEventListener("click", () => act("cancelled", "DELETE", "", undefined));
+  replace.addEventListener("click", () => {
+    const data = parsedBody();
+    if (data) act("replaced", "PUT", "", data);
+  });
+  escalate.addEventListener("click", () => {
+    const data = parsedBody();
+    if (!data) return;
+    const [kind, ...rest] = target.value.split(":");
+    const value = rest.join(":");
+    delete data.priority;
+    delete data.band;
+    data[kind] = kind === "priority" ? Number(value) : value;
+    act("escalated", "POST", "/escalate", data);
+  });
+  return el("div", { class: "message-actions" }, el("h3", {}, "One message by id"),
+    el("div", { class: "controls" }, el("label", {}, "id ", id), cancel),
+    el("div", { class: "controls" },
+      el("label", { class: "stacked" }, "message body (JSON) for replace and escalate", body),
+      el("div", { class: "buttons" }, replace, el("span", {}, target, " ", escalate))),
+    result, note);
 }
 
 function buildDeadLetters(name) {
@@ -223,19 +390,50 @@ function buildDeadLetters(name) {
   return panel;
 }
 
+function drawDeployment(data) {
+  const deployment = document.getElementById("deployment");
+  deployment.replaceChildren("delayed ", el("b", { class: "delayed" }, count(data.delayed)),
+    " (all queues: the delay ladder is shared, so no queue's own count is known)");
+  deployment.hidden = false;
+}
+
+function clearQueues() {
+  built.clear();
+  document.getElementById("queues").replaceChildren();
+  document.getElementById("deployment").hidden = true;
+  document.getElementById("whoami").textContent = "";
+}
+
+function refusal(error) {
+  if (error.status !== 401) return error.message;
+  if (error.code === "invalid_token") {
+    return "invalid token: the gateway does not accept this token (401 invalid_token); " +
+      "paste another";
+  }
+  return "paste a token with read:<queue> or admin";
+}
+
 async function poll() {
+  if (stopped) return;
   try {
     const data = await (await api("GET", "/v1/console/overview")).json();
     notice(data.management ? "" : "no management URL: unacked, rates and estimated waits are unknown");
     document.getElementById("whoami").textContent = "token: " + data.token;
+    drawDeployment(data);
     for (const queue of data.queues) {
-      if (!built.has(queue.queue)) buildQueue(queue.queue, data.admin);
+      if (!built.has(queue.queue)) buildQueue(queue, data.admin);
       drawQueue(queue, data.window_seconds);
     }
+    delete document.body.dataset.refused;
+    delete document.body.dataset.code;
     document.body.dataset.loaded = "true";
   } catch (error) {
-    notice(error.status === 401 ? "paste a token with read:<queue> or admin" : error.message);
+    notice(refusal(error));
     document.body.dataset.refused = String(error.status || "error");
+    document.body.dataset.code = error.code || "";
+    if (error.status === 401 || error.status === 403) clearQueues();
+    // Asking again with the same token only counts failures against this address.
+    if (error.status === 401) stopped = true;
   }
 }
 
@@ -244,9 +442,10 @@ function start() {
     event.preventDefault();
     sessionStorage.setItem(TOKEN_KEY, document.getElementById("token").value.trim());
     document.getElementById("token").value = "";
-    built.clear();
-    document.getElementById("queues").replaceChildren();
+    clearQueues();
     delete document.body.dataset.refused;
+    delete document.body.dataset.loaded;
+    stopped = false;
     poll();
   });
   document.getElementById("forget").addEventListener("click", () => {
