@@ -23,6 +23,7 @@ from pathlib import Path
 
 SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 CTL = Path("/usr/lib/rabbitmq/bin/rabbitmqctl")
+QUEUES = Path("/usr/lib/rabbitmq/bin/rabbitmq-queues")
 DEFAULT_PLUGINS = ("rabbitmq_management", "rabbitmq_consistent_hash_exchange")
 ROOT_ENV = "BANDGATE_RABBITMQ_ROOT"
 # `sh -c` body run in the new mount namespace: $0 is the root, "$@" the command to run in it.
@@ -247,10 +248,10 @@ class LocalBroker:
             return self.log_file.read_text(errors="replace")[-2000:]
         return "(no log)"
 
-    def ctl(self, *args: str, timeout: float = 60.0) -> str:
-        """Run rabbitmqctl against this node."""
+    def ctl(self, *args: str, timeout: float = 60.0, program: Path = CTL) -> str:
+        """Run rabbitmqctl (or another of RabbitMQ's tools, `QUEUES`) against this node."""
         result = subprocess.run(
-            self._command(CTL, "-n", self.node, *args),
+            self._command(program, "-n", self.node, *args),
             env=self._env(),
             cwd=self.base_dir,
             capture_output=True,
@@ -259,7 +260,7 @@ class LocalBroker:
             check=False,
         )
         if result.returncode != 0:
-            raise LocalBrokerError(f"rabbitmqctl {' '.join(args)}: {result.stderr.strip()}")
+            raise LocalBrokerError(f"{program.name} {' '.join(args)}: {result.stderr.strip()}")
         return result.stdout
 
     def stop_app(self) -> None:

@@ -14,6 +14,7 @@ from bandgate.ops.local_broker import LocalBroker
 class LocalCluster:
     base_dir: Path
     size: int = 3
+    plugins: tuple[str, ...] = ()  # rabbitmq_management on every node, for the doctor's view
     nodes: list[LocalBroker] = field(default_factory=list)
 
     def start(self) -> LocalCluster:
@@ -25,7 +26,9 @@ class LocalCluster:
             cookie_file = directory / ".erlang.cookie"
             cookie_file.write_text(cookie)
             cookie_file.chmod(0o400)
-            self.nodes.append(LocalBroker(directory, name=f"{prefix}-{index}", plugins=()))
+            self.nodes.append(
+                LocalBroker(directory, name=f"{prefix}-{index}", plugins=self.plugins)
+            )
         with ThreadPoolExecutor(self.size) as pool:
             list(pool.map(lambda node: node.start(), self.nodes))
         first = self.nodes[0]
@@ -41,13 +44,23 @@ class LocalCluster:
 
     def leader_of(self, queue: str, asking: LocalBroker | None = None) -> str:
         """Node name leading a quorum queue (vhost /)."""
+        leaders = self.leaders(asking=asking)
+        if queue not in leaders:
+            raise LookupError(f"queue {queue} not found")
+        return leaders[queue]
+
+    def leaders(self, vhost: str = "/", asking: LocalBroker | None = None) -> dict[str, str]:
+        """Each replicated queue of `vhost` and the node leading it."""
         node = asking or self.nodes[0]
-        output = node.ctl("list_queues", "name", "leader", "--quiet", "--no-table-headers")
+        output = node.ctl(
+            "list_queues", "-p", vhost, "name", "leader", "--quiet", "--no-table-headers"
+        )
+        found = {}
         for line in output.splitlines():
             name, _, leader = line.partition("\t")
-            if name == queue:
-                return leader.strip()
-        raise LookupError(f"queue {queue} not found")
+            if leader.strip():
+                found[name] = leader.strip()
+        return found
 
     def stop(self) -> None:
         with ThreadPoolExecutor(self.size) as pool:

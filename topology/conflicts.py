@@ -15,15 +15,21 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.common import Arguments
 
 from bandgate.topology.broker_report import Finding
-from bandgate.topology.declare import conflict_error, declare_exchange, queue_diff_error
+from bandgate.topology.declare import (
+    conflict_error,
+    declare_exchange,
+    placed_before,
+    queue_diff_error,
+)
 from bandgate.topology.model import Topology
-from bandgate.topology.objects import ExchangeDecl, QueueDecl, plan
+from bandgate.topology.objects import LEADER_LOCATOR_ARG, ExchangeDecl, QueueDecl, plan
 
 
 def queue_conflicts(topology: Topology, existing: Mapping[str, Mapping[str, Any]]) -> list[Finding]:
     """Planned queues that exist on the broker with other arguments, or are missing."""
     findings: list[Finding] = []
     missing: list[str] = []
+    placed_before: list[str] = []
     for decl in plan(topology).queues:
         current = existing.get(decl.name)
         if current is None:
@@ -32,6 +38,9 @@ def queue_conflicts(topology: Topology, existing: Mapping[str, Mapping[str, Any]
         arguments = dict(current.get("arguments") or {})
         if current.get("type") and "x-queue-type" not in arguments:
             arguments["x-queue-type"] = current["type"]
+        if LEADER_LOCATOR_ARG not in arguments and decl.replicated:
+            placed_before.append(decl.name)
+            decl = decl.without_placement()
         wanted = {k: str(v) for k, v in dict(decl.arguments).items()}
         have = {k: str(v) for k, v in arguments.items()}
         have.setdefault("x-queue-type", "classic")
@@ -41,15 +50,30 @@ def queue_conflicts(topology: Topology, existing: Mapping[str, Mapping[str, Any]
             )
     if missing:
         findings.append(_missing(missing))
+    if placed_before:
+        findings.append(_placed_before(placed_before))
     return findings
 
 
+def _placed_before(names: list[str]) -> Finding:
+    return Finding.info(
+        "leaders_not_placed",
+        "topology",
+        f"{len(names)} replicated queue(s) were declared before bandgate placed their leaders "
+        f"({_shown(names)}): their leaders stay where RabbitMQ put them; on a cluster, "
+        "`rabbitmq-queues rebalance all` spreads them",
+    )
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
 def _missing(names: list[str]) -> Finding:
-    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     return Finding.info(
         "queue_missing",
         "topology",
-        f"{len(names)} queue(s) not declared yet ({shown}): `bandgate topology apply`, the "
+        f"{len(names)} queue(s) not declared yet ({_shown(names)}): `bandgate topology apply`, the "
         "gateway and the workers declare them",
     )
 
@@ -86,6 +110,8 @@ async def probe_declared(connection: AbstractConnection, topology: Topology) -> 
         await prober.close()
     if missing:
         findings.append(_missing(missing))
+    if prober.placed_before:
+        findings.append(_placed_before(prober.placed_before))
     return findings
 
 
@@ -96,6 +122,7 @@ class _Prober:
     def __init__(self, connection: AbstractConnection) -> None:
         self._connection = connection
         self._channel: AbstractChannel | None = None
+        self.placed_before: list[str] = []
 
     async def _open(self) -> AbstractChannel:
         if self._channel is None or self._channel.is_closed:
@@ -128,20 +155,31 @@ class _Prober:
         except aiormq.exceptions.ChannelNotFoundEntity:
             return None
         try:
-            channel = await self._open()
-            arguments = cast(Arguments, dict(queue.arguments))
-            await channel.declare_queue(queue.name, durable=True, arguments=arguments)
+            await self._declare(queue)
         except aiormq.exceptions.ChannelPreconditionFailed as exc:
-            return [
-                Finding.error(
-                    "queue_conflict", queue.name, str(conflict_error("queue", queue.name, exc))
-                )
-            ]
+            if not placed_before(exc):
+                return [_conflict(queue, exc)]
+            self.placed_before.append(queue.name)
+            try:
+                await self._declare(queue.without_placement())
+            except aiormq.exceptions.ChannelPreconditionFailed as again:
+                return [_conflict(queue, again)]
         return []
+
+    async def _declare(self, queue: QueueDecl) -> None:
+        channel = await self._open()
+        arguments = cast(Arguments, dict(queue.arguments))
+        await channel.declare_queue(queue.name, durable=True, arguments=arguments)
 
     async def close(self) -> None:
         if self._channel is not None and not self._channel.is_closed:
             await self._channel.close()
+
+
+def _conflict(queue: QueueDecl, exc: Exception) -> Finding:
+    return Finding.error(
+        "queue_conflict", queue.name, str(conflict_error("queue", queue.name, exc))
+    )
 
 
 __all__ = ["exchange_conflicts", "probe_declared", "queue_conflicts"]

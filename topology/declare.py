@@ -20,7 +20,14 @@ from pamqp.common import Arguments
 from bandgate.topology.loader import TopologyError
 from bandgate.topology.management import ManagementClient
 from bandgate.topology.model import Topology
-from bandgate.topology.objects import BindingDecl, ExchangeDecl, Plan, QueueDecl, plan
+from bandgate.topology.objects import (
+    LEADER_LOCATOR_ARG,
+    BindingDecl,
+    ExchangeDecl,
+    Plan,
+    QueueDecl,
+    plan,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +40,10 @@ class TopologyConflictError(TopologyError):
     def __init__(self, message: str, queue: QueueDecl | None = None) -> None:
         super().__init__(message)
         self.queue = queue
+
+
+class PlacedBefore(Exception):
+    """A replicated queue exists without the leader locator: declared by an older bandgate."""
 
 
 class QueueNotRunning(Exception):
@@ -59,6 +70,7 @@ class ApplyReport:
     exchanges: int
     queues: int
     bindings: int
+    placed_before: tuple[str, ...] = ()  # queues an older bandgate declared without placement
 
 
 def broker_version(connection: AbstractConnection) -> str:
@@ -112,7 +124,7 @@ async def apply_topology(
     pause = 0.1
     while True:
         try:
-            await _apply_once(connection, objects, management)
+            placed_before = await _apply_once(connection, objects, management)
             break
         except QueueNotRunning as exc:
             if loop.time() + pause > deadline:
@@ -131,15 +143,28 @@ async def apply_topology(
         len(objects.bindings),
         version,
     )
-    return ApplyReport(version, len(objects.exchanges), len(objects.queues), len(objects.bindings))
+    if placed_before:
+        log.warning(
+            "%d replicated queue(s) were declared before bandgate placed leaders (%s, ...): "
+            "their leaders stay where they are; `rabbitmq-queues rebalance all` spreads them",
+            len(placed_before),
+            placed_before[0],
+        )
+    return ApplyReport(
+        version,
+        len(objects.exchanges),
+        len(objects.queues),
+        len(objects.bindings),
+        placed_before,
+    )
 
 
 async def _apply_once(
     connection: AbstractConnection, objects: Plan, management: ManagementClient | None
-) -> None:
-    channel = await connection.channel(publisher_confirms=False)
+) -> tuple[str, ...]:
+    declarer = _Declarer(connection)
     try:
-        await _apply(channel, objects)
+        return await declarer.apply(objects)
     except aiormq.exceptions.ChannelNotFoundEntity as exc:
         if _NOT_RUNNING not in str(exc):
             raise
@@ -152,17 +177,40 @@ async def _apply_once(
             raise
         raise queue_diff_error(conflict.queue, existing.get("arguments", {})) from None
     finally:
-        if not channel.is_closed:
-            await channel.close()
+        await declarer.close()
 
 
-async def _apply(channel: AbstractChannel, objects: Plan) -> None:
-    for exchange in objects.exchanges:
-        await _declare_exchange(channel, exchange)
-    for queue in objects.queues:
-        await _declare_queue(channel, queue)
-    for binding in objects.bindings:
-        await _bind(channel, binding)
+class _Declarer:
+    """Declares a plan on one channel, opening another when the broker closed it for a queue
+    declared before bandgate placed leaders (the one refusal that is not a conflict)."""
+
+    def __init__(self, connection: AbstractConnection) -> None:
+        self._connection = connection
+        self._channel: AbstractChannel | None = None
+
+    async def channel(self) -> AbstractChannel:
+        if self._channel is None or self._channel.is_closed:
+            self._channel = await self._connection.channel(publisher_confirms=False)
+        return self._channel
+
+    async def apply(self, objects: Plan) -> tuple[str, ...]:
+        """Declare everything; return the queues that were placed before (kept as they are)."""
+        placed_before = []
+        for exchange in objects.exchanges:
+            await _declare_exchange(await self.channel(), exchange)
+        for queue in objects.queues:
+            try:
+                await _declare_queue(await self.channel(), queue)
+            except PlacedBefore:
+                await _declare_queue(await self.channel(), queue.without_placement())
+                placed_before.append(queue.name)
+        for binding in objects.bindings:
+            await _bind(await self.channel(), binding)
+        return tuple(placed_before)
+
+    async def close(self) -> None:
+        if self._channel is not None and not self._channel.is_closed:
+            await self._channel.close()
 
 
 async def _declare_exchange(channel: AbstractChannel, exchange: ExchangeDecl) -> None:
@@ -196,8 +244,16 @@ async def _declare_queue(channel: AbstractChannel, queue: QueueDecl) -> None:
         arguments = cast(Arguments, dict(queue.arguments))
         await channel.declare_queue(queue.name, durable=True, arguments=arguments)
     except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        if placed_before(exc):
+            raise PlacedBefore(queue.name) from None
         error = conflict_error("queue", queue.name, exc)
         raise TopologyConflictError(str(error), queue) from None
+
+
+def placed_before(exc: Exception) -> bool:
+    """Whether a declare was refused only for the leader locator that an older bandgate did not
+    set (RabbitMQ names the first argument that differs; others are found on the next try)."""
+    return f"inequivalent arg '{LEADER_LOCATOR_ARG}'" in " ".join(str(arg) for arg in exc.args)
 
 
 async def _bind(channel: AbstractChannel, binding: BindingDecl) -> None:
@@ -270,6 +326,7 @@ def conflict_error(kind: str, name: str, exc: Exception) -> TopologyConflictErro
 __all__ = [
     "ApplyReport",
     "BrokerVersionError",
+    "PlacedBefore",
     "QueueNotRunning",
     "RECOVERY_TIMEOUT_SECONDS",
     "TopologyConflictError",
@@ -277,5 +334,6 @@ __all__ = [
     "broker_version",
     "conflict_error",
     "parse_version",
+    "placed_before",
     "queue_diff_error",
 ]

@@ -25,6 +25,7 @@ from bandgate.topology.conflicts import exchange_conflicts, probe_declared, queu
 from bandgate.topology.declare import MIN_BROKER_VERSION, broker_version, parse_version
 from bandgate.topology.management import split_credentials
 from bandgate.topology.model import Band, Topology
+from bandgate.topology.placement import placement_findings
 from bandgate.topology.policy_checks import Policy, policy_findings
 
 log = logging.getLogger(__name__)
@@ -175,7 +176,14 @@ async def _read_management(
             _policy(p) for p in await get(f"/api/operator-policies/{encoded}", optional=True)
         ]
         flags: list[dict[str, Any]] = await get("/api/feature-flags", optional=True)
+        # Needs the `monitoring` tag; without it, the nodes that hold a replica stand in.
+        nodes_read = await api.get("/api/nodes")
+        nodes: list[dict[str, Any]] = nodes_read.json() if nodes_read.is_success else []
     findings = queue_conflicts(topology, {q["name"]: q for q in queues})
+    running = [str(node["name"]) for node in nodes if node.get("running", True)] or [
+        str(member) for queue in queues for member in queue.get("members") or ()
+    ]
+    findings += placement_findings(topology, queues, running)
     if unreadable:
         findings.append(
             Finding.warning(

@@ -27,10 +27,22 @@ QueueArguments = TypedDict(
         "x-max-age": str,
         "x-max-length-bytes": int,
         "x-stream-max-segment-size-bytes": int,
+        "x-queue-leader-locator": str,
     },
     total=False,
 )
 ExchangeType = Literal["topic", "direct", "x-consistent-hash"]
+
+# Where a new replicated queue's leader goes: the node leading the fewest (`balanced`, since
+# 3.10), not the node the declaring client happens to be connected to (`client-local`, the
+# default), which put every leader of a topology applied through one node on that node.
+# An argument rather than a policy: a queue takes one policy, so ours would displace the
+# operator's own (or be displaced). RabbitMQ checks it on every declare, so a queue declared
+# before it was set is declared again without it (`topology.declare`) and its leader moved by
+# `rabbitmq-queues rebalance all` (README, "Running on a cluster").
+LEADER_LOCATOR_ARG: Literal["x-queue-leader-locator"] = "x-queue-leader-locator"
+LEADER_LOCATOR = "balanced"
+REPLICATED_TYPES = ("quorum", "stream")
 
 # Every shard gets the same weight (one bucket of the consistent hash).
 SHARD_WEIGHT = "1"
@@ -47,6 +59,16 @@ class ExchangeDecl:
 class QueueDecl:
     name: str
     arguments: QueueArguments = field(default_factory=lambda: QueueArguments())
+
+    @property
+    def replicated(self) -> bool:
+        return self.arguments.get("x-queue-type") in REPLICATED_TYPES
+
+    def without_placement(self) -> QueueDecl:
+        """This queue as declared before bandgate placed leaders."""
+        arguments = QueueArguments(**self.arguments)
+        arguments.pop("x-queue-leader-locator", None)
+        return QueueDecl(self.name, arguments)
 
 
 @dataclass(frozen=True)
@@ -174,4 +196,18 @@ def plan(topology: Topology) -> Plan:
         if spec.shares_shards:
             queues.append(QueueDecl(naming.workers_queue(exchange, spec.name), _quorum()))
 
-    return Plan(tuple(exchanges), tuple(queues), tuple(bindings))
+    placed = tuple(_placed(queue) for queue in queues)
+    return Plan(tuple(exchanges), placed, tuple(bindings))
+
+
+def _placed(queue: QueueDecl) -> QueueDecl:
+    if not queue.replicated:
+        return queue
+    arguments = QueueArguments(**queue.arguments)
+    arguments["x-queue-leader-locator"] = LEADER_LOCATOR
+    return QueueDecl(queue.name, arguments)
+
+
+def replicated_queues(topology: Topology) -> tuple[str, ...]:
+    """Names of the topology's replicated queues (quorum and stream), in declaration order."""
+    return tuple(queue.name for queue in plan(topology).queues if queue.replicated)

@@ -119,7 +119,10 @@ def test_bands_without_aging_dead_letter_into_the_queue_dlq(objects: Plan) -> No
         assert args["x-dead-letter-routing-key"] == logical
     dead = {b.routing_key: b.destination for b in bindings_from(objects, "bandgate.dead")}
     assert dead == {"orders": "orders.dlq", "emails": "emails.dlq"}
-    assert queue(objects, "orders.dlq").arguments == {"x-queue-type": "quorum"}
+    assert queue(objects, "orders.dlq").arguments == {
+        "x-queue-type": "quorum",
+        "x-queue-leader-locator": "balanced",
+    }
 
 
 @pytest.mark.parametrize("source", ["bandgate", "zz.bandgate.delay.out"])
@@ -156,6 +159,7 @@ def test_each_delay_level_holds_its_ttl_and_passes_on(topology: Topology, object
             "x-overflow": "reject-publish",
             "x-dead-letter-exchange": ladder.next_hop(level),
             "x-dead-letter-strategy": "at-least-once",
+            "x-queue-leader-locator": "balanced",
         }
         assert sorted(bindings_from(objects, name), key=lambda b: b.routing_key) == [
             BindingDecl(name, ladder.next_hop(level), ladder.bit_pattern(level, "0"), "exchange"),
@@ -246,7 +250,10 @@ def test_shard_queues_are_band_queues_and_ordered_ones_have_one_active_consumer(
         expected = band_arguments(SHARDED, orders, band)
         assert expected["x-single-active-consumer"] is True
         for name in orders.band_queues(band):
-            assert queue(objects, name).arguments == expected
+            assert queue(objects, name).arguments == {
+                **expected,
+                "x-queue-leader-locator": "balanced",
+            }
     cold = queue(objects, "orders.cold.2").arguments
     assert cold["x-message-ttl"] == 600_000  # aging works per shard
     assert cold["x-dead-letter-exchange"] == "bandgate"
@@ -275,6 +282,21 @@ def test_only_ordered_sharded_queues_get_a_workers_queue() -> None:
     assert "zz.bandgate.workers.emails" not in names  # sharded, but competing consumers
     assert "zz.bandgate.workers.commands" not in names  # ordered, one queue
     assert queue(plan(SHARDED), "zz.bandgate.workers.orders").arguments == {
-        "x-queue-type": "quorum"
+        "x-queue-type": "quorum",
+        "x-queue-leader-locator": "balanced",
     }
     assert len(set(names)) == len(names)
+
+
+def test_every_replicated_queue_places_its_leader_on_the_least_busy_node(objects: Plan) -> None:
+    """Leaders balanced at declaration (a client-local leader put all 33 on one node), and
+    classic queues, which are not replicated, without the argument."""
+    for decl in objects.queues:
+        placed = decl.arguments.get("x-queue-leader-locator")
+        if decl.arguments.get("x-queue-type") in ("quorum", "stream"):
+            assert placed == "balanced", decl.name
+            assert "x-queue-leader-locator" not in decl.without_placement().arguments
+        else:
+            assert placed is None, decl.name
+    assert queue(objects, "zz.bandgate.ledger").arguments["x-queue-leader-locator"] == "balanced"
+
