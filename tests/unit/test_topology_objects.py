@@ -299,4 +299,3 @@ def test_every_replicated_queue_places_its_leader_on_the_least_busy_node(objects
         else:
             assert placed is None, decl.name
     assert queue(objects, "zz.bandgate.ledger").arguments["x-queue-leader-locator"] == "balanced"
-
