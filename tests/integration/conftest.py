@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import gc
+import sys
+from collections.abc import AsyncIterator, Iterator
 
 import aio_pika
 import httpx
@@ -12,6 +14,22 @@ from bandgate.gateway.settings import GatewaySettings
 from bandgate.topology import naming
 from bandgate.topology.model import Topology
 from tests.broker import TestBroker
+
+
+@pytest.fixture(autouse=True)
+def _release_what_a_failed_test_holds() -> Iterator[None]:
+    """Once a test failed, free what its frames still hold, within its own teardown.
+
+    pytest keeps a failed test's exception (`sys.last_value`, for post-mortem debugging) until
+    the next test's call, and with it every frame it passed through: a connection or socket
+    that only the failed test's locals still reach would be finalized during that next test,
+    and its ResourceWarning (an error here) would fail it too. Freed here, the warning fails
+    the teardown of the test that leaked it. Set up before the test's other fixtures, this runs
+    after their teardowns, so their own cleanup comes first."""
+    yield
+    if getattr(sys, "last_value", None) is not None:  # this test's call failed
+        del sys.last_type, sys.last_value, sys.last_traceback
+        gc.collect()  # the exception and its frames hold each other in a cycle
 
 
 @pytest.fixture

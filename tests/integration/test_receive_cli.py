@@ -5,12 +5,14 @@ afterwards, not only what the command printed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from asyncio.subprocess import PIPE, Process
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -33,6 +35,20 @@ from tests.integration.live_gateway import LiveGateway
 pytestmark = [pytest.mark.integration, pytest.mark.broker_independent]
 
 BANDGATE = str(Path(sys.executable).parent / "bandgate")
+# `make test` run in the background of a script (`make test > log &`) starts with SIGINT ignored
+# and passes that on to every process it starts. Python keeps an inherited ignored SIGINT ignored
+# (a shell's background job must not die of the terminal's Ctrl-C), so the CLI would never see
+# the Ctrl-C a test sends. The CLI starts through this: with SIGINT's default, as from a terminal.
+WITH_DEFAULT_SIGINT = (
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+)
+# What a CLI process gets to answer or exit. It starts in about two seconds on an idle machine
+# (its imports) and several times that while the suite loads both cores: this bound only turns
+# a hang into a failure, it never paces a test.
+CLI_SECONDS = 90.0
 CONSUMER = "cli-consumer-secret"
 PUBLISHER = "cli-publisher-secret"
 
@@ -84,17 +100,40 @@ def _env(gateway: str) -> dict[str, str]:
     return env | {"BANDGATE_GATEWAY_URL": gateway}
 
 
-async def bandgate(live: LiveGateway, *args: str, env: dict[str, str] | None = None) -> Run:
+@contextlib.asynccontextmanager
+async def started(
+    live: LiveGateway, *args: str, env: dict[str, str] | None = None
+) -> AsyncIterator[Process]:
+    """`bandgate *args` running, with pipes for its output. On the way out it is killed unless
+    it exited, and reaped with its pipes closed: a test that fails half-way leaves no process or
+    open transport behind, whose ResourceWarnings would fail the next test in this process."""
     process = await asyncio.create_subprocess_exec(
-        BANDGATE,
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env or _env(live.url),
+        *WITH_DEFAULT_SIGINT, BANDGATE, *args, stdout=PIPE, stderr=PIPE, env=env or _env(live.url)
     )
-    out, err = await asyncio.wait_for(process.communicate(), 60)
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+                process.kill()
+        await process.communicate()  # drains its pipes to their end, then reaps it
+
+
+async def bandgate(live: LiveGateway, *args: str, env: dict[str, str] | None = None) -> Run:
+    async with started(live, *args, env=env) as process:
+        out, err = await asyncio.wait_for(process.communicate(), CLI_SECONDS)
     assert process.returncode is not None
     return Run(process.returncode, out.decode(), err.decode())
+
+
+async def next_line(process: Process) -> bytes:
+    """The process's next line on stdout; fails with its stderr if it exited instead."""
+    assert process.stdout is not None
+    line = await asyncio.wait_for(process.stdout.readline(), CLI_SECONDS)
+    if not line:
+        _, err = await asyncio.wait_for(process.communicate(), CLI_SECONDS)
+        raise AssertionError(f"exited {process.returncode}: {err.decode()}")
+    return line
 
 
 async def publish(live: LiveGateway, priority: int, payload: Any) -> str:
@@ -222,21 +261,16 @@ async def test_extend_keeps_a_message_leased(live: LiveGateway) -> None:
 async def test_forever_prints_each_message_as_it_comes(
     live: LiveGateway, amqp: AbstractRobustConnection, topology: Topology
 ) -> None:
-    process = await asyncio.create_subprocess_exec(
-        BANDGATE, "receive", "orders", "--forever", "--ack", "--wait", "1",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env(live.url),
-    )  # fmt: skip
-    assert process.stdout is not None
-    try:
+    receiving = ("receive", "orders", "--forever", "--ack", "--wait", "1")
+    async with started(live, *receiving) as process:
         for n in range(3):  # one at a time: each line must arrive before the next publish
             sent = await publish(live, 2, {"n": n})
-            line = await asyncio.wait_for(process.stdout.readline(), 15)
-            assert json.loads(line)["message_id"] == sent
-        assert process.returncode is None
-    finally:
+            assert json.loads(await next_line(process))["message_id"] == sent
+        # Ctrl-C, once it printed (so it is in its loop, not still importing): it stops
+        # whatever it waits on, a long poll or an ack.
         process.send_signal(signal.SIGINT)
-        code = await asyncio.wait_for(process.wait(), 30)
-    assert code == 130
+        _, err = await asyncio.wait_for(process.communicate(), CLI_SECONDS)
+    assert process.returncode == 130, err.decode()
     assert await ready(amqp, topology) == 0
 
 
