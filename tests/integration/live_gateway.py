@@ -26,14 +26,16 @@ class LiveGateway:
 
     def __enter__(self) -> LiveGateway:
         self.thread.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        # The bound is for a loaded machine, not a pace: it returns once the gateway is ready.
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and self.thread.is_alive():
             try:
                 if httpx.get(f"{self.url}/readyz").status_code == 200:
                     return self
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
+        self.__exit__()  # a gateway that did not start is not left serving
         raise RuntimeError("the gateway did not become ready")
 
     def __exit__(self, *exc: object) -> None:

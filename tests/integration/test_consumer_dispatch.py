@@ -267,7 +267,9 @@ async def test_under_a_hot_trickle_cold_work_uses_more_than_a_quarter_of_the_slo
         await publisher.channels.close()
 
 
-async def until(condition: Callable[[], bool], within: float = 10.0) -> None:
+async def until(condition: Callable[[], bool], within: float = 30.0) -> None:
+    """Poll `condition` (a handler's count: nothing to await); `within` bounds a hang, it does
+    not pace the test."""
     deadline = time.monotonic() + within
     while not condition():
         assert time.monotonic() < deadline, "the condition did not come true in time"

@@ -38,11 +38,11 @@ def gauges(telemetry: Telemetry) -> Gauges:
 
 
 async def until(telemetry: Telemetry, check: Callable[[Gauges], bool], what: object) -> Gauges:
-    """The gauges once `check` holds for them (waiting up to 10 s; they are sampled once a
-    second); fail showing what they read."""
+    """The gauges once `check` holds for them (waiting up to 30 s, for a loaded machine; they
+    are sampled once a second); fail showing what they read."""
     seen: Gauges = {}
     try:
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(30):
             while not check(seen):
                 await asyncio.sleep(0.05)
                 seen = gauges(telemetry)

@@ -21,6 +21,11 @@ from bandgate.topology.wire import Envelope
 
 pytestmark = pytest.mark.integration
 
+# What a loaded machine (the suite's two workers and their nodes on two cores) may add to a
+# delay, as this test sees it. Lower bounds stay exact, as nothing may land early; the ladder's
+# own lateness (tens of milliseconds) is measured by `python -m bench delay`, not here.
+LATE_SECONDS = 3.0
+
 
 @dataclass
 class Rig:
@@ -87,7 +92,7 @@ async def test_a_delayed_message_is_held_then_lands_in_its_band(rig: Rig) -> Non
     assert all(isinstance(result, Published) for result in results), results
 
     first_seen: dict[str, datetime] = {}
-    while len(first_seen) < len(envelopes) and time.monotonic() < started + 3.0:
+    while len(first_seen) < len(envelopes) and time.monotonic() < started + 30:
         for name in band_queues:
             if name not in first_seen and await ready(rig.channel, name) > 0:
                 first_seen[name] = wire.now()
@@ -95,10 +100,11 @@ async def test_a_delayed_message_is_held_then_lands_in_its_band(rig: Rig) -> Non
             assert not first_seen, "a message left the delay ladder within a second"
         await asyncio.sleep(0.02)
 
-    assert set(first_seen) == set(envelopes), "not every message reached its band by 3 s"
+    assert set(first_seen) == set(envelopes), "not every message reached its band in 30 s"
     # The ladder rounds a delay to its nearest 50 ms unit: at most half a unit early.
     tolerance = timedelta(milliseconds=rig.topology.delay.base_ms / 2)
     assert min(first_seen.values()) >= deliver_at - tolerance
+    assert max(first_seen.values()) < deliver_at + timedelta(seconds=LATE_SECONDS)
     assert {name: await ready(rig.channel, name) for name in band_queues} == {
         name: int(name in envelopes) for name in band_queues
     }
@@ -134,7 +140,7 @@ async def test_delays_arrive_in_order_and_not_early(rig: Rig) -> None:
     async def all_arrived() -> bool:
         return len(arrivals) == len(envelopes)
 
-    assert await wait_until(all_arrived, deadline=time.monotonic() + max(delays) + 1.5)
+    assert await wait_until(all_arrived, deadline=time.monotonic() + max(delays) + 30)
     by_id = {envelope.message_id: envelope for envelope in envelopes}
     arrived = [by_id[message_id] for message_id, _ in arrivals]
     assert [e.payload["delay"] for e in arrived] == sorted(delays)
@@ -145,4 +151,5 @@ async def test_delays_arrive_in_order_and_not_early(rig: Rig) -> None:
         assert envelope.deliver_at is not None
         lateness = at - envelope.deliver_at
         assert lateness >= -tolerance, f"{envelope.payload} arrived {-lateness} early"
-        assert lateness < timedelta(seconds=1), f"{envelope.payload} arrived {lateness} late"
+        late = timedelta(seconds=LATE_SECONDS)
+        assert lateness < late, f"{envelope.payload} arrived {lateness} late"

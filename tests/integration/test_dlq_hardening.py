@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -140,11 +141,16 @@ async def serving(app: Starlette, grace: int | None = None) -> AsyncIterator[uvi
     config.port = sock.getsockname()[1]
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
-    for _ in range(1000):
-        if server.started or task.done():
-            break
-        await asyncio.sleep(0.01)
     try:
+        # The bound is for a loaded machine, not a pace; a server that did not start fails here
+        # (with its own error, if it had one), not in the test's first request.
+        deadline = time.monotonic() + 60
+        while not server.started and not task.done():
+            assert time.monotonic() < deadline, "uvicorn did not start within 60 s"
+            await asyncio.sleep(0.01)
+        if task.done():
+            task.result()
+            raise AssertionError("uvicorn stopped before it started")
         yield server
     finally:
         server.should_exit = True

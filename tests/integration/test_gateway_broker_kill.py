@@ -97,7 +97,9 @@ async def test_sigkill_under_load_loses_nothing_confirmed(
             back = time.monotonic()
             mark = len(confirmed)
             while len(confirmed) == mark:
-                assert time.monotonic() - back < 5.0, "gateway did not serve within 5 s"
+                # How soon it serves again is printed below; this bound only catches a gateway
+                # that never does, not a loaded machine.
+                assert time.monotonic() - back < 30, "gateway did not serve within 30 s"
                 await asyncio.sleep(0.02)
             recovered_in = time.monotonic() - back
             await asyncio.sleep(1.0)

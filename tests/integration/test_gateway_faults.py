@@ -60,13 +60,15 @@ async def test_broker_stop_gives_503_and_restart_recovers(
             assert ok.status_code == 201
 
             await asyncio.to_thread(own_node.stop_app)
-            await _wait_for(client, "/readyz", 503, within=10)
+            await _wait_for(client, "/readyz", 503, within=30)
             started = time.monotonic()
             down = await client.post("/v1/queues/orders/messages", json={"payload": 2})
             elapsed = time.monotonic() - started
             assert down.status_code == 503
             assert down.json()["error"]["code"] in {"broker_unavailable", "confirm_timeout"}
-            assert elapsed <= PUBLISH_TIMEOUT + 0.5
+            # Bounded by the timeout; the slack is the in-process request itself, which a
+            # loaded machine slows.
+            assert elapsed <= PUBLISH_TIMEOUT + 2.0
             stats = await client.get("/v1/queues/orders/stats")
             assert stats.status_code == 503
 
@@ -147,11 +149,11 @@ async def test_cut_connection_gives_503_then_recovers_without_loss(
 
                 assert await publish(0) == 201
                 proxy.cut()
-                await _wait_for(client, "/readyz", 503, within=10)
+                await _wait_for(client, "/readyz", 503, within=30)
                 during = [await publish(n) for n in range(1, 4)]
                 assert during == [503, 503, 503]
                 proxy.restore()
-                await _wait_for(client, "/readyz", 200, within=15)
+                await _wait_for(client, "/readyz", 200, within=30)
                 assert await publish(4) == 201
     finally:
         await proxy.close()
@@ -183,16 +185,17 @@ async def test_memory_alarm_answers_503_at_once(own_node: LocalBroker, topology:
                 # waits for its confirm until the timeout; from then on the gateway knows.
                 first = await client.post("/v1/queues/orders/messages", json={"payload": 2})
                 assert first.status_code == 503
-                await _wait_for(client, "/readyz", 503, within=10)
+                await _wait_for(client, "/readyz", 503, within=30)
                 started = time.monotonic()
                 blocked = await client.post("/v1/queues/orders/messages", json={"payload": 3})
-                assert time.monotonic() - started < 1.0
+                # At once: well short of the 5 s a confirm would be waited for, however loaded.
+                assert time.monotonic() - started < 2.5
                 assert blocked.status_code == 503
                 assert blocked.json()["error"]["code"] == "broker_blocked"
                 assert blocked.headers["retry-after"] == "5"
             finally:
                 await asyncio.to_thread(own_node.ctl, "set_vm_memory_high_watermark", "0.4")
-            await _wait_for(client, "/readyz", 200, within=10)
+            await _wait_for(client, "/readyz", 200, within=30)
             assert (
                 await client.post("/v1/queues/orders/messages", json={"payload": 3})
             ).status_code == 201

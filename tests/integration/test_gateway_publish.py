@@ -15,6 +15,11 @@ from tests.integration.conftest import queue_depths
 
 pytestmark = pytest.mark.integration
 
+# What a loaded machine (the suite's two workers and their nodes on two cores) may add to a
+# delay, as these tests see it. Lower bounds stay exact, as nothing may land early; the
+# ladder's own lateness (tens of milliseconds) is measured by `python -m bench delay`.
+LATE_SECONDS = 3.0
+
 
 async def get_one(connection: AbstractRobustConnection, queue: str) -> AbstractIncomingMessage:
     channel = await connection.channel()
@@ -137,18 +142,19 @@ async def test_delayed_message_waits_then_lands_in_its_band(
     )
     assert response.status_code == 201, response.text
     assert response.json()["deliver_at"] is not None
-    await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+    # Looked at right away, long before it is due even on a loaded machine; that it stays
+    # held until then is `arrived`'s lower bound.
     depths = await queue_depths(amqp, topology)
     assert depths["orders.warm"] == 0
     assert sum(depths.values()) == 1  # waiting in a delay level
-    deadline = started + 3.0
+    deadline = started + 30  # a bound for a hang, not a pace
     while time.monotonic() < deadline:
         if (await queue_depths(amqp, topology))["orders.warm"] == 1:
             break
         await asyncio.sleep(0.05)
     arrived = time.monotonic() - started
     message = await get_one(amqp, "orders.warm")
-    assert 1.9 <= arrived <= 3.0
+    assert 1.9 <= arrived < 2.0 + LATE_SECONDS
     assert orjson.loads(message.body) == {"later": True}
     assert "x-death" in message.headers  # came through the ladder
 
@@ -163,7 +169,8 @@ async def test_deliver_at_in_the_future(
         json={"payload": 1, "priority": 8, "deliver_at": deliver_at},
     )
     assert response.status_code == 201, response.text
-    for _ in range(100):
+    deadline = due + 30  # a bound for a hang, not a pace
+    while datetime.now(UTC).timestamp() < deadline:
         channel = await amqp.channel()
         queue = await channel.declare_queue("orders.hot", passive=True)
         await channel.close()

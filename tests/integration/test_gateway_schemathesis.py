@@ -256,11 +256,12 @@ def skipped(metrics: str) -> int:
 
 
 async def settled_depths(amqp_url: str, topology: Topology, expected: int) -> dict[str, int]:
-    """The queues' depths once they add up to `expected`, or after a few seconds: a delayed
-    message between two levels of the ladder may be counted in neither for a moment."""
+    """The queues' depths once they add up to `expected`, or after 30 s (a bound for a loaded
+    machine): a delayed message between two levels of the ladder may be counted in neither for
+    a moment."""
     connection = await aio_pika.connect(amqp_url)
     async with connection:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while True:
             depths = await queue_depths(connection, topology)
             if sum(depths.values()) == expected or time.monotonic() > deadline:

@@ -63,31 +63,47 @@ def _start(amqp_url: str, topology: Path) -> Gateway:
     command = [str(Path(sys.executable).parent / "bandgate"), "gateway"]
     process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
     gateway = Gateway(process, port)
-    deadline = time.monotonic() + 30
-    while True:
-        assert process.poll() is None, "the gateway exited"
-        assert time.monotonic() < deadline, "the gateway did not become ready"
+    try:
+        # It starts in seconds; the bound is for a loaded machine, where it starts slower.
+        deadline = time.monotonic() + 90
+        while True:
+            assert process.poll() is None, "the gateway exited"
+            assert time.monotonic() < deadline, "the gateway did not become ready"
+            try:
+                if gateway.http.get("/readyz", timeout=2).status_code == 200:
+                    return gateway
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+    except BaseException:
+        _stop(gateway)  # a start that failed leaves no process behind
+        raise
+
+
+def _stop(gateway: Gateway) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 30 s; always reaped."""
+    if gateway.process.poll() is None:
+        gateway.process.terminate()
         try:
-            if gateway.http.get("/readyz", timeout=2).status_code == 200:
-                return gateway
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
+            gateway.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            gateway.process.kill()
+            gateway.process.wait()
+    gateway.http.close()
 
 
 @pytest.fixture
 def gateways(amqp_url: str, tmp_path: Path) -> Iterator[tuple[Gateway, Gateway]]:
     topology = tmp_path / "bandgate.toml"
     topology.write_text(TOPOLOGY)
-    started = [_start(amqp_url, topology) for _ in range(2)]
+    started: list[Gateway] = []
     try:
+        for _ in range(2):
+            started.append(_start(amqp_url, topology))
         yield started[0], started[1]
     finally:
         for gateway in started:
-            if gateway.process.poll() is None:
-                gateway.process.terminate()
-                gateway.process.wait(timeout=30)
-            gateway.http.close()
+            _stop(gateway)
 
 
 def test_a_receipt_settles_through_another_process(gateways: tuple[Gateway, Gateway]) -> None:
