@@ -19,7 +19,6 @@ import orjson
 import typer
 
 from bandgate.ops.receive_cli import (
-    DEFAULT_GATEWAY,
     GatewayError,
     GatewayOption,
     QueueArgument,
@@ -91,7 +90,7 @@ def _message_path(queue: str, message_id: str, tail: str = "") -> str:
     return queue_path(queue, f"messages/{quote(message_id, safe='')}{tail}")
 
 
-def _send(gateway: str, token: str | None, method: str, path: str, body: Any = None) -> None:
+def _send(gateway: str | None, token: str | None, method: str, path: str, body: Any = None) -> None:
     with gateway_client(gateway, token) as client:
         try:
             print_json(call_gateway(client, method, path, body))
@@ -115,7 +114,7 @@ def _body(
 def cancel(
     queue: QueueArgument,
     message_id: MessageIdArgument,
-    gateway: GatewayOption = DEFAULT_GATEWAY,
+    gateway: GatewayOption = None,
     token: TokenOption = None,
 ) -> None:
     """Cancel a pending message of QUEUE: consumers skip the copies published before now.
@@ -132,7 +131,7 @@ def replace(
     priority: PriorityOption = None,
     delay: DelayOption = None,
     header: HeaderOption = None,
-    gateway: GatewayOption = DEFAULT_GATEWAY,
+    gateway: GatewayOption = None,
     token: TokenOption = None,
 ) -> None:
     """Replace a pending message of QUEUE: publish this one, and skip the older copies."""
@@ -151,7 +150,7 @@ def escalate(
     ] = None,
     delay: DelayOption = None,
     header: HeaderOption = None,
-    gateway: GatewayOption = DEFAULT_GATEWAY,
+    gateway: GatewayOption = None,
     token: TokenOption = None,
 ) -> None:
     """Send a pending message of QUEUE again, hotter (--priority or --band); skip the older.

@@ -22,6 +22,7 @@ import orjson
 import typer
 
 from bandgate.pull.settings import MAX_MESSAGES, MAX_VISIBILITY_SECONDS, MAX_WAIT_SECONDS
+from bandgate.topology.dev_record import find_record
 from bandgate.topology.settings import redact
 
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
@@ -48,7 +49,14 @@ def _positive(value: float | None) -> float | None:
 QueueArgument = Annotated[str, typer.Argument(help="The logical queue, e.g. orders.")]
 ReceiptArgument = Annotated[str, typer.Argument(help="A receipt from `bandgate receive`.")]
 GatewayOption = Annotated[
-    str, typer.Option("--gateway", envvar="BANDGATE_GATEWAY_URL", help="The gateway's URL.")
+    str | None,
+    typer.Option(
+        "--gateway",
+        envvar="BANDGATE_GATEWAY_URL",
+        show_default=False,
+        help="The gateway's URL (default: the one `bandgate dev` recorded here, else "
+        f"{DEFAULT_GATEWAY}).",
+    ),
 ]
 TokenOption = Annotated[
     str | None,
@@ -58,10 +66,20 @@ TokenOption = Annotated[
 ]
 
 
+def gateway_url(given: str | None) -> str:
+    """The gateway: `--gateway` or BANDGATE_GATEWAY_URL, else the one `bandgate dev`
+    (`make run`) recorded in .bandgate/dev.json here or above, else the default address."""
+    if given:
+        return given
+    found = find_record()
+    return found[1].gateway_url if found else DEFAULT_GATEWAY
+
+
 @contextmanager
-def gateway_client(gateway: str, token: str | None) -> Iterator[httpx.Client]:
+def gateway_client(gateway: str | None, token: str | None) -> Iterator[httpx.Client]:
     headers = {"authorization": f"Bearer {token}"} if token else {}
-    with httpx.Client(base_url=gateway, headers=headers, timeout=REQUEST_TIMEOUT) as client:
+    base = gateway_url(gateway)
+    with httpx.Client(base_url=base, headers=headers, timeout=REQUEST_TIMEOUT) as client:
         yield client
 
 
@@ -104,7 +122,7 @@ def print_json(data: Any) -> None:
 
 def receive(
     queue: QueueArgument,
-    gateway: GatewayOption = DEFAULT_GATEWAY,
+    gateway: GatewayOption = None,
     token: TokenOption = None,
     max_messages: Annotated[
         int, typer.Option("--max", min=1, max=MAX_MESSAGES, help="Messages per receive call.")
@@ -172,7 +190,7 @@ def receive(
 def ack(
     queue: QueueArgument,
     receipts: Annotated[list[str], typer.Argument(help="Receipts from `bandgate receive`.")],
-    gateway: GatewayOption = DEFAULT_GATEWAY,
+    gateway: GatewayOption = None,
     token: TokenOption = None,
 ) -> None:
     """Ack messages of QUEUE by receipt: they are done and gone.
@@ -207,7 +225,7 @@ def release(
     dead_letter: Annotated[
         bool, typer.Option("--dead-letter", help="Never retry: to the dead-letter queue.")
     ] = False,
-    gateway: GatewayOption = DEFAULT_GATEWAY,
+    gateway: GatewayOption = None,
     token: TokenOption = None,
 ) -> None:
     """Give a message of QUEUE back: retried later (counted as an attempt), or dead-lettered.
@@ -235,7 +253,7 @@ def extend(
             min=0, max=MAX_VISIBILITY_SECONDS, help="Seconds from now the message stays leased."
         ),
     ],
-    gateway: GatewayOption = DEFAULT_GATEWAY,
+    gateway: GatewayOption = None,
     token: TokenOption = None,
 ) -> None:
     """Keep a message of QUEUE leased for longer. Prints the new `visible_until` as JSON."""
@@ -260,6 +278,7 @@ __all__ = [
     "extend",
     "fail",
     "gateway_client",
+    "gateway_url",
     "print_json",
     "queue_path",
     "receive",

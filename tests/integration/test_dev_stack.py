@@ -95,6 +95,11 @@ def test_restarts_over_its_data_after_ctrl_c_a_node_crash_and_its_own_kill(
 
 def test_a_second_dev_in_the_same_directory_is_refused(stack: DevStack) -> None:
     record = stack.start()
+    # The HTTP commands find this gateway (on a port of its own here) through the record too.
+    publish(record, 9, 8)
+    received = second_shell(stack.directory, "receive", "orders", "--wait", "5", "--ack")
+    assert received.returncode == 0, received.stderr
+    assert json.loads(received.stdout)["payload"] == {"order_id": 9}
     result = second_shell(stack.directory, "dev", "--port", str(free_port()))
     assert result.returncode == 1
     assert "already runs here" in result.stderr
