@@ -27,7 +27,7 @@ from bandgate.consumers.settings import EventLoopName, WorkerSettings
 from bandgate.consumers.settle import Settler
 from bandgate.consumers.telemetry import ConsumerTelemetry
 from bandgate.consumers.tombstones import Tombstones
-from bandgate.core import amqp_read
+from bandgate.core import amqp_read, cluster_connection
 from bandgate.core.heap import settle_heap
 from bandgate.core.ledger_follower import LedgerFollower
 from bandgate.core.publishing import ChannelSet, Publisher, confirm_channel_factory
@@ -226,7 +226,7 @@ class Worker:
         log.info("connecting to RabbitMQ at %s", where)
         while True:
             try:
-                return await aio_pika.connect_robust(
+                return await cluster_connection.connect_robust(
                     self.settings.amqp_url,
                     client_properties={"connection_name": self.settings.connection_name},
                     reconnect_interval=self.settings.reconnect_interval_seconds,

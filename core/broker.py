@@ -11,10 +11,10 @@ import asyncio
 import contextlib
 import logging
 
-import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
+from bandgate.core import cluster_connection
 from bandgate.core.publishing import BrokerUnavailable, ChannelSet, Publisher
 from bandgate.core.telemetry import Telemetry
 from bandgate.topology import naming
@@ -105,10 +105,10 @@ class BrokerLink:
         delay = 0.5
         while self.connection is None:
             try:
-                connection = await aio_pika.connect_robust(
+                connection = await cluster_connection.connect_robust(
                     self.amqp_url,
                     client_properties={"connection_name": self.connection_name},
-                    timeout=10,
+                    connect_timeout=10,
                     reconnect_interval=RECONNECT_INTERVAL_SECONDS,
                 )
             except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Required, TypedDict
 
-import aio_pika
 import aiormq
 from aio_pika.abc import AbstractRobustConnection
 
+from bandgate.core import cluster_connection
 from bandgate.core.broker import RECONNECT_INTERVAL_SECONDS, is_blocked
 from bandgate.core.confirm_pipeline import ChannelSet, confirm_channel_factory
 from bandgate.core.publish_outcomes import (
@@ -134,10 +134,10 @@ class Producer:
         async def open_producer() -> Producer:
             model = topology if isinstance(topology, Topology) else load_topology(topology)
             try:
-                connection = await aio_pika.connect_robust(
+                connection = await cluster_connection.connect_robust(
                     settings.amqp_url,
                     client_properties={"connection_name": connection_name},
-                    timeout=connect_timeout,
+                    connect_timeout=connect_timeout,
                     reconnect_interval=RECONNECT_INTERVAL_SECONDS,
                 )
             except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:

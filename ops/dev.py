@@ -19,11 +19,11 @@ import signal
 from pathlib import Path
 from types import FrameType
 
-import aio_pika
 import aiormq
 import uvicorn
 from rich.console import Console
 
+from bandgate.core import cluster_connection
 from bandgate.gateway.http_server import server_options
 from bandgate.gateway.settings import GatewaySettings
 from bandgate.ops.local_broker import (
@@ -88,7 +88,7 @@ def _check_previous(previous: DevRecord | None, console: Console) -> None:
 
 
 async def _apply(settings: GatewaySettings, topology: Topology) -> str:
-    connection = await aio_pika.connect(
+    connection = await cluster_connection.connect(
         settings.amqp_url, client_properties={"connection_name": naming.CLI_CONNECTION}
     )
     async with connection:

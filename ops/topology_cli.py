@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
-import aio_pika
 import aiormq
 import httpx
 import typer
@@ -25,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bandgate.core import cluster_connection
 from bandgate.topology import legacy, naming
 from bandgate.topology.declare import ApplyReport, apply_topology
 from bandgate.topology.export import DEV_PASSWORD, DEV_USER, definitions, to_json
@@ -125,10 +125,10 @@ async def connect(settings: BrokerSettings) -> AbstractConnection:
         )
     try:
         with quiet(_AIORMQ_CONNECTION_LOG):
-            return await aio_pika.connect(
+            return await cluster_connection.connect(
                 settings.amqp_url,
                 client_properties={"connection_name": naming.CLI_CONNECTION},
-                timeout=CONNECT_TIMEOUT_SECONDS,
+                connect_timeout=CONNECT_TIMEOUT_SECONDS,
             )
     except aiormq.exceptions.InvalidFrameError:
         # aiormq reports a Connection.Close during the handshake only as a frame's repr; on

@@ -65,6 +65,7 @@ class ManagementClient:
 
 
 def vhost_of(amqp_url: str) -> str:
-    """The vhost an AMQP URL names ('/' when it names none)."""
-    path = urlsplit(amqp_url).path
+    """The vhost an AMQP URL names ('/' when it names none); of a cluster's list of node
+    URLs, the first one's (they name one vhost)."""
+    path = urlsplit(amqp_url.split(",", 1)[0].strip()).path
     return unquote(path[1:]) if len(path) > 1 else "/"

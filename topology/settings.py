@@ -23,8 +23,17 @@ DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 AMQP_URL_ENV = "BANDGATE_AMQP_URL"
 
 
+def node_urls(amqp_url: str) -> tuple[str, ...]:
+    """The addresses of a `BANDGATE_AMQP_URL`: one URL, or a cluster's nodes separated by
+    commas (`core.cluster_connection` moves between them)."""
+    urls = tuple(part.strip() for part in amqp_url.split(",") if part.strip())
+    return urls or (amqp_url,)
+
+
 def redact(url: str) -> str:
-    """`url` with its password replaced by `***`, fit to print."""
+    """`url` (or a comma-separated list of them) with passwords replaced by `***`."""
+    if "," in url:
+        return ",".join(redact(part) for part in node_urls(url))
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -38,8 +47,9 @@ class BrokerSettings(BaseSettings):
 
     amqp_url: str = Field(
         default=DEFAULT_AMQP_URL,
-        description="AMQP URL of the broker, including the vhost (default: the broker "
-        "`bandgate dev` recorded in .bandgate/dev.json, else amqp://guest:guest@127.0.0.1:5672/)",
+        description="AMQP URL of the broker, including the vhost, or the URLs of a cluster's "
+        "nodes separated by commas (default: the broker `bandgate dev` recorded in "
+        ".bandgate/dev.json, else amqp://guest:guest@127.0.0.1:5672/)",
     )
     management_url: str | None = Field(
         default=None,
@@ -94,4 +104,4 @@ class BrokerSettings(BaseSettings):
         return load_topology(self.topology)
 
 
-__all__ = ["AMQP_URL_ENV", "DEFAULT_AMQP_URL", "BrokerSettings", "redact"]
+__all__ = ["AMQP_URL_ENV", "DEFAULT_AMQP_URL", "BrokerSettings", "node_urls", "redact"]
