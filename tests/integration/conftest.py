@@ -3,6 +3,7 @@ from __future__ import annotations
 import gc
 import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import aio_pika
 import httpx
@@ -14,6 +15,17 @@ from bandgate.gateway.settings import GatewaySettings
 from bandgate.topology import naming
 from bandgate.topology.model import Topology
 from tests.broker import TestBroker
+from tests.cluster import LocalCluster
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A three-node local cluster of private nodes, for one test."""
+    local = LocalCluster(tmp_path)
+    try:
+        yield local.start()
+    finally:
+        local.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
@@ -29,15 +28,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.fault]
 # 503s a publish may get while its connection moves: not enqueued, or outcome unknown.
 MOVING = {"broker_unavailable", "confirm_lost", "confirm_timeout", "not_ready", "topology_missing"}
 RESUME_SECONDS = 30.0
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path)
-    try:
-        yield local.start()
-    finally:
-        local.stop()
 
 
 async def test_a_gateway_and_a_worker_move_to_another_node_when_theirs_dies(

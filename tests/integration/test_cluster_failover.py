@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import aio_pika
 import httpx
@@ -20,15 +18,6 @@ from bandgate.topology.model import Topology
 from tests.cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path)
-    try:
-        yield local.start()
-    finally:
-        local.stop()
 
 
 async def test_leader_loss_under_load_loses_nothing(
