@@ -39,7 +39,12 @@ Event = dict[str, Any]
 TOPOLOGY = parse_topology(
     {
         "delay": {"base_ms": 50, "levels": 4},
-        "queues": {"orders": {"retry": {"max_attempts": 3, "max_deliveries": 2}}},
+        "queues": {
+            "orders": {"retry": {"max_attempts": 3, "max_deliveries": 2}},
+            # The SIGTERM burst: handed-back messages must not meet a delivery limit of 2 on
+            # brokers that count every return (before 4.3): that is the other tests' subject.
+            "burst": {},
+        },
     }
 )
 
@@ -58,6 +63,11 @@ def handle(msg: Message) -> None:
         time.sleep(60)  # until the test kills this worker
     time.sleep(msg.payload.get("sleep", 0))
     record("end", msg)
+
+
+@app.consumer("burst", concurrency=4)
+def handle_burst(msg: Message) -> None:
+    handle(msg)
 
 
 def record(event: str, msg: Message) -> None:
@@ -144,9 +154,11 @@ async def connection(amqp_url: str) -> AsyncIterator[AbstractRobustConnection]:
         yield connection
 
 
-async def publish(connection: AbstractRobustConnection, *payloads: Any) -> list[str]:
+async def publish(
+    connection: AbstractRobustConnection, *payloads: Any, queue: str = "orders"
+) -> list[str]:
     publisher = Publisher(TOPOLOGY, ChannelSet(confirm_channel_factory(connection)))
-    envelopes = [Envelope(queue="orders", payload=payload, priority=5) for payload in payloads]
+    envelopes = [Envelope(queue=queue, payload=payload, priority=5) for payload in payloads]
     results = await publisher.publish_many(envelopes)
     await publisher.channels.close()
     assert all(isinstance(result, Published) for result in results)
@@ -167,7 +179,7 @@ def by_event(events: list[Event], event: str) -> list[Event]:
 async def test_sigterm_during_a_burst_finishes_in_flight_work_and_loses_nothing(
     connection: AbstractRobustConnection, workers: Workers
 ) -> None:
-    ids = await publish(connection, *({"sleep": 0.1, "n": n} for n in range(60)))
+    ids = await publish(connection, *({"sleep": 0.1, "n": n} for n in range(60)), queue="burst")
     first = workers.start()
     await workers.wait_for("8 handled", lambda events: len(by_event(events, "end")) >= 8)
     stopped_at = time.time()
@@ -193,8 +205,8 @@ async def test_sigterm_during_a_burst_finishes_in_flight_work_and_loses_nothing(
     ends = [entry["id"] for entry in by_event(events, "end")]
     assert sorted(starts) == sorted(ids)  # each started exactly once: nothing twice
     assert sorted(ends) == sorted(ids)  # and finished: nothing lost
-    assert await depth(connection, naming.band_queue("orders", "warm")) == 0
-    assert await depth(connection, naming.dead_letter_queue("orders")) == 0
+    assert await depth(connection, naming.band_queue("burst", "warm")) == 0
+    assert await depth(connection, naming.dead_letter_queue("burst")) == 0
 
 
 async def test_a_worker_killed_mid_handler_leaves_the_message_to_another(
