@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,6 +17,7 @@ import httpx
 from bandgate.topology.dev_record import DevRecord, read_record, record_path
 
 READY_TIMEOUT = 180.0  # a node's first boot under a loaded CI machine, plus the topology
+START_LOCK = Path(tempfile.gettempdir()) / "bandgate-dev-start.lock"
 
 
 def clean_environment(**more: str) -> dict[str, str]:
@@ -46,7 +49,20 @@ class DevStack:
         return record
 
     def start(self) -> DevRecord:
-        """Start it and return once its gateway answers /readyz with 200."""
+        """Start it and return once its gateway answers /readyz with 200.
+
+        One start at a time on this machine: `bandgate dev` takes its preferred ports (5682,
+        15682, 25682) when they are free, and two nodes starting at once in two test processes
+        both found them free and collided. Once a node listens, the next start sees the ports
+        taken and picks free ones."""
+        with open(START_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                return self._start()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _start(self) -> DevRecord:
         self.starts += 1
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
