@@ -111,7 +111,7 @@ class BrokerLink:
                     connect_timeout=10,
                     reconnect_interval=RECONNECT_INTERVAL_SECONDS,
                 )
-            except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:
+            except cluster_connection.CONNECT_ERRORS as exc:
                 self.problem = f"cannot connect to the broker at {self.where}: {exc}"
                 log.warning("%s; retrying in %.1f s", self.problem, delay)
                 await asyncio.sleep(delay)

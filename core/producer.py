@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Required, TypedDict
 
-import aiormq
 from aio_pika.abc import AbstractRobustConnection
 
 from bandgate.core import cluster_connection
@@ -140,7 +139,7 @@ class Producer:
                     connect_timeout=connect_timeout,
                     reconnect_interval=RECONNECT_INTERVAL_SECONDS,
                 )
-            except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:
+            except cluster_connection.CONNECT_ERRORS as exc:
                 raise BrokerUnavailable(f"cannot connect to RabbitMQ at {where}: {exc!r}") from None
             try:
                 if declare_topology:

@@ -19,7 +19,6 @@ import signal
 from pathlib import Path
 from types import FrameType
 
-import aiormq
 import uvicorn
 from rich.console import Console
 
@@ -106,7 +105,7 @@ def _apply_or_explain(settings: GatewaySettings, topology: Topology) -> str:
         return asyncio.run(_apply(settings, topology))
     except TopologyError as exc:
         raise DevError(str(exc)) from None
-    except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:
+    except cluster_connection.CONNECT_ERRORS as exc:
         raise DevError(
             f"cannot apply the topology at RabbitMQ {settings.describe_broker()}: {exc}"
         ) from None

@@ -7,12 +7,19 @@ Kept apart from the checks so that the rules (policies, conflicts) and their cal
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from bandgate.topology.loader import TopologyError
 
 Severity = Literal["error", "warning", "info"]
+
+
+def listed(names: Sequence[str], most: int = 5) -> str:
+    """The first `most` names, then how many more: fit for a finding's one line."""
+    more = len(names) - most
+    return ", ".join(names[:most]) + (f" and {more} more" if more > 0 else "")
 
 
 class BrokerCheckError(TopologyError):
@@ -108,4 +115,4 @@ class BrokerReport:
         }
 
 
-__all__ = ["BandOrdering", "BrokerCheckError", "BrokerReport", "Finding"]
+__all__ = ["BandOrdering", "BrokerCheckError", "BrokerReport", "Finding", "listed"]

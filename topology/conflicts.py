@@ -14,7 +14,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.common import Arguments
 
-from bandgate.topology.broker_report import Finding
+from bandgate.topology.broker_report import Finding, listed
 from bandgate.topology.declare import (
     conflict_error,
     declare_exchange,
@@ -60,20 +60,16 @@ def _placed_before(names: list[str]) -> Finding:
         "leaders_not_placed",
         "topology",
         f"{len(names)} replicated queue(s) were declared before bandgate placed their leaders "
-        f"({_shown(names)}): their leaders stay where RabbitMQ put them; on a cluster, "
+        f"({listed(names)}): their leaders stay where RabbitMQ put them; on a cluster, "
         "`rabbitmq-queues rebalance all` spreads them",
     )
-
-
-def _shown(names: list[str]) -> str:
-    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def _missing(names: list[str]) -> Finding:
     return Finding.info(
         "queue_missing",
         "topology",
-        f"{len(names)} queue(s) not declared yet ({_shown(names)}): `bandgate topology apply`, the "
+        f"{len(names)} queue(s) not declared yet ({listed(names)}): `bandgate topology apply`, the "
         "gateway and the workers declare them",
     )
 

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from bandgate.topology.broker_report import Finding
+from bandgate.topology.broker_report import Finding, listed
 from bandgate.topology.model import Topology
 from bandgate.topology.objects import replicated_queues
 
@@ -115,12 +115,11 @@ def _members(
     )
     if not short:
         return []
-    shown = ", ".join(short[:5]) + (f" and {len(short) - 5} more" if len(short) > 5 else "")
     return [
         Finding.warning(
             "queue_under_replicated",
             "cluster",
-            f"{len(short)} replicated queue(s) have fewer than {target} members ({shown}): "
+            f"{len(short)} replicated queue(s) have fewer than {target} members ({listed(short)}): "
             "they survive fewer node losses; `rabbitmq-queues grow <node> all` adds members",
         )
     ]

@@ -60,6 +60,7 @@ class BrokerSettings(BaseSettings):
         default=Path(DEFAULT_TOPOLOGY_PATH), description="path of the topology TOML file"
     )
     _broker_source: str = PrivateAttr(default=AMQP_URL_ENV)
+    _defaulted: bool = PrivateAttr(default=False)
     _dev_running: bool | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
@@ -72,6 +73,7 @@ class BrokerSettings(BaseSettings):
         found = find_record()
         if found is None:
             self._broker_source = f"the default ({AMQP_URL_ENV} is not set)"
+            self._defaulted = True
             return self
         path, record = found
         self.amqp_url = record.amqp_url
@@ -89,7 +91,7 @@ class BrokerSettings(BaseSettings):
     @property
     def chosen(self) -> bool:
         """Whether somebody chose the broker (a URL or `bandgate dev`), not the default."""
-        return not self._broker_source.startswith("the default")
+        return not self._defaulted
 
     def describe_broker(self) -> str:
         """`amqp://guest:***@host:port/ (from <setting>)`, with a hint when it cannot be up."""
