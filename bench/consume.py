@@ -27,7 +27,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from bandgate.consumers.dispatch import default_prefetch
+from bandgate.consumers.scheduling import default_prefetch
 from bandgate.topology import naming, wire
 from bandgate.topology.loader import load_topology
 from bench.environment import BenchBroker, wait_for_quiet
@@ -96,7 +96,7 @@ def run_consume(broker: BenchBroker) -> list[dict[str, Any]]:
     compared = [
         (f"raw aio-pika, 1 queue, prefetch {prefetch[0]}", raw, [8]),
         # Every band's prefetch is 2C: the coldest band's small default (`default_prefetch`)
-        # gives way to the headroom (`consumers.headroom`).
+        # gives way to the headroom (`consumers.scheduling`).
         (f"bandgate worker, 1 band, prefetch {prefetch[0]} per band", worker, [8]),
         ("bandgate worker, 3 bands", worker, [8, 5, 1]),
     ]

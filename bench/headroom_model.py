@@ -5,7 +5,7 @@
 than the bench's paced publisher, whose messages reach the worker with the broker's jitter; a
 perfectly steady stream locks into step with fixed handlers and never waits), fixed handler
 times; a free slot starts the oldest waiting hot message, else a cold one if the real
-`consumers.headroom.Headroom` admits it (its rule, or a fixed reserve for comparison). What
+`consumers.scheduling.Headroom` admits it (its rule, or a fixed reserve for comparison). What
 the model leaves out is what the bench adds: the broker's delivery path and the CPU two cores
 share. So the model shows what the slots alone cost a hot message (its wait for a slot, p50 and
 p99) and what each reserve costs cold work, for the light and the saturating load; the bench's
@@ -18,7 +18,7 @@ import heapq
 import random
 from dataclasses import dataclass
 
-from bandgate.consumers.headroom import Headroom, cap
+from bandgate.consumers.scheduling import Headroom, cap
 
 CONCURRENCY = 16
 SECONDS = 60.0

@@ -40,7 +40,7 @@ from typing import Any
 import aio_pika
 import httpx
 
-from bandgate.consumers.options import DEFAULT_CONCURRENCY
+from bandgate.consumers.consumer import DEFAULT_CONCURRENCY
 from bandgate.topology import naming, wire
 from bandgate.topology.loader import load_topology
 from bench import priority

@@ -4,9 +4,10 @@ A band of `SHARDS` quorum queues (one band, priorities 0-9) holds a backlog of `
 messages of random priorities 0-9 over `KEYS` random partition keys, published through
 bandgate's Publisher (the consistent-hash exchange picks each key's shard) before the worker
 starts. The bandgate worker's `ConsumerRunner`, built as `bandgate worker` builds it, drains it
-at concurrency `CONCURRENCY` with a `HANDLER_MS` handler: with the merge (`consumers.merge`: a
-free slot starts the best head among the shards' buffers) and without it (`merge_shards=False`:
-the band's deliveries in arrival order, as before the merge), `ROUNDS` rounds, interleaved.
+at concurrency `CONCURRENCY` with a `HANDLER_MS` handler: with the merge
+(`bandgate.consumers.scheduling`: a free slot starts the best head among the shards' buffers) and
+without it (`arrival_order`: the band's deliveries in arrival order, as before the merge),
+`ROUNDS` rounds, interleaved.
 Two prefetches: the default (the band's 2C split over the shards, 2 each at C = 4: a shard
 never holds more than 2 of the slots, whatever it holds) and 2C per shard (each shard's head is
 nearly always at hand, so the merge has something to choose from).
@@ -30,19 +31,22 @@ import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import aio_pika
 
-from bandgate.consumers import ConsumerApp, Message
-from bandgate.consumers.delivery import Delivery
+from bandgate.consumers import ConsumerApp, Message, scheduling
 from bandgate.consumers.message import read_priority
-from bandgate.consumers.runner import ConsumerRunner
+from bandgate.consumers.runner import ConsumerRunner, Timings
+from bandgate.consumers.scheduling import ShardMerge
 from bandgate.consumers.settings import WorkerSettings
-from bandgate.consumers.settle import Settler
+from bandgate.consumers.settlement import Settler
+from bandgate.consumers.subscription import Delivery
 from bandgate.consumers.worker import run_on_event_loop
 from bandgate.core.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
 from bandgate.topology.declare import apply_topology, broker_version
 from bandgate.topology.loader import parse_topology
+from bandgate.topology.model import QueueSpec
 from bandgate.topology.wire import Envelope
 from bench.environment import BenchBroker, wait_for_quiet
 from bench.rounds import ROUNDS, with_median
@@ -86,6 +90,11 @@ def inversions(priorities: list[int]) -> int:
         count += sum(seen[:priority])
         seen[priority] += 1
     return count
+
+
+def arrival_order(spec: QueueSpec) -> ShardMerge[Delivery]:
+    """No merge: each band one sequence in arrival order, as a band of one queue."""
+    return ShardMerge(shards=(1,) * len(spec.bands), source=lambda _: 0, rank=lambda _: (0, 0.0))
 
 
 def trace_picks(runner: ConsumerRunner, picks: Picks) -> None:
@@ -170,15 +179,15 @@ async def _drain(
             await asyncio.sleep(pause)
 
         publisher = Publisher(TOPOLOGY, ChannelSet(confirm_channel_factory(connection)))
-        runner = ConsumerRunner(
-            app.consumers[0],
-            connection,
-            Settler(publisher),
-            concurrency=CONCURRENCY,
-            prime_timeout=settings.startup_prime_seconds,
-            refill_wait=settings.refill_wait_seconds,
-            merge_shards=merge,
-        )
+        merges = scheduling.shard_merge if merge else arrival_order
+        with mock.patch.object(scheduling, "shard_merge", merges):  # in code only: see above
+            runner = ConsumerRunner(
+                app.consumers[0],
+                connection,
+                Settler(publisher),
+                concurrency=CONCURRENCY,
+                timings=Timings.of(settings),
+            )
         trace_picks(runner, picks)
         await runner.open()
         loop = asyncio.create_task(runner.run())

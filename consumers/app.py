@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from bandgate.consumers.consumer import Consumer
-from bandgate.consumers.dispatch import PolicyName
+from bandgate.consumers.consumer import DEFAULT_CONCURRENCY, Consumer, check_options
 from bandgate.consumers.errors import ConfigurationError
-from bandgate.consumers.options import DEFAULT_CONCURRENCY, check_options
+from bandgate.consumers.scheduling import PolicyName
 from bandgate.consumers.settings import WorkerSettings
 from bandgate.topology.model import Topology
 
@@ -77,15 +76,15 @@ class ConsumerApp:
         - `policy`: `strict` waterfall, or `weighted` shares per band (the topology's weights).
         - `time_limit`: seconds; a handler past it is cancelled and the attempt failed.
         - `max_attempts`, `max_deliveries`: override the queue's retry policy.
-        - `prefetch`: per band name, overrides `consumers.dispatch.default_prefetch`; a sharded
-          band's is split over its shards.
+        - `prefetch`: per band name, overrides `bandgate.consumers.scheduling.default_prefetch`;
+          a sharded band's is split over its shards.
         - `dedupe`: run a message id once within the ledger's retention window: a copy
           published again with the same id (after a `confirm_timeout`, say) is skipped. Each
           handled message is recorded in the ledger first, which costs a confirmed publish.
 
         On an ordered queue, a partition key's messages run one at a time in order and failures
-        are retried in place (`consumers.ordering`); a strictly serial one runs one message at
-        a time, whatever `concurrency` says.
+        are retried in place (`bandgate.consumers.decision`); a strictly serial one runs one
+        message at a time, whatever `concurrency` says.
         """
         spec, options = check_options(
             self.topology,
@@ -116,7 +115,7 @@ class ConsumerApp:
     def run(self, *, concurrency: int | None = None) -> None:
         """Run a worker for every consumer until SIGTERM or SIGINT (blocks)."""
         # The worker needs aio-pika's runtime; import late. (The worker does not import
-        # this module: it takes any `consumers.consumer.Registry`.)
+        # this module: it takes any `bandgate.consumers.consumer.Registry`.)
         from bandgate.consumers.worker import Worker, run_until_stopped
 
         run_until_stopped(Worker(self, concurrency=concurrency))

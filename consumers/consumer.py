@@ -1,20 +1,165 @@
-"""A registered handler (`Consumer`), and what a worker needs of the app that holds them.
+"""A consumer: a registered handler with its queue and its options, checked when the decorator
+runs; and what a worker needs of the app that holds them (`Registry`).
 
-Both live below `consumers.app` so that the worker, the runner and the app can share them
-without importing each other: `ConsumerApp.run()` starts a `Worker`, so the worker must not
-import the app.
+They live below `bandgate.consumers.app` so that the worker, the runner and the app can share
+them without importing each other: `ConsumerApp.run()` starts a `Worker`, so the worker must not
+import the app. Keyword-only arguments already turn a misspelt option into a TypeError at
+import; `check_options` catches the rest (an unknown queue or band, a bad value) with a message
+naming the consumer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Protocol
+from typing import Any, Protocol, cast
 
-from bandgate.consumers.invoke import Handler, is_async
-from bandgate.consumers.options import ConsumerOptions
+from pydantic import ValidationError
+
+from bandgate.consumers.errors import ConfigurationError
+from bandgate.consumers.message import Message
+from bandgate.consumers.scheduling import POLICIES, PolicyName, default_prefetch, shard_prefetch
 from bandgate.consumers.settings import WorkerSettings
-from bandgate.topology.model import QueueSpec, Topology
+from bandgate.topology.model import QueueSpec, RetryPolicy, Topology, UnknownQueueError
+
+Handler = Callable[[Message], Any]
+
+
+def is_async(handler: Handler) -> bool:
+    """Whether calling `handler` returns an awaitable (coroutine functions, partials of them,
+    objects with an async `__call__`)."""
+    target: Any = handler
+    while isinstance(target, functools.partial):
+        target = target.func
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
+        getattr(target, "__call__", None)  # noqa: B004 - an async __call__ is what we look for
+    )
+
+
+DEFAULT_CONCURRENCY = 8
+
+
+@dataclass(frozen=True)
+class ConsumerOptions:
+    queue: str
+    concurrency: int = DEFAULT_CONCURRENCY
+    policy: PolicyName = "strict"
+    time_limit: float | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    prefetch_overrides: Mapping[str, int] = field(default_factory=dict)
+    dedupe: bool = False
+
+    def prefetch(self, spec: QueueSpec, concurrency: int | None = None) -> tuple[int, ...]:
+        """Prefetch per band (hottest first) at `concurrency` (default: the declared one); a
+        sharded band's is split over its shards."""
+        defaults = default_prefetch(self.policy, concurrency or self.concurrency, len(spec.bands))
+        return tuple(
+            self.prefetch_overrides.get(band.name, default)
+            for band, default in zip(spec.bands, defaults, strict=True)
+        )
+
+    def held(self, spec: QueueSpec, concurrency: int | None = None) -> tuple[int, ...]:
+        """The most messages per band (hottest first) a worker holds: a sharded band's prefetch
+        is split over its shards, rounded up (`scheduling.shard_prefetch`)."""
+        return tuple(
+            band.shards * shard_prefetch(prefetch, band.shards)
+            for band, prefetch in zip(spec.bands, self.prefetch(spec, concurrency), strict=True)
+        )
+
+
+def check_options(
+    topology: Topology,
+    queue: str,
+    *,
+    concurrency: Any,
+    policy: Any,
+    time_limit: Any,
+    max_attempts: Any,
+    max_deliveries: Any,
+    prefetch: Any,
+    dedupe: Any = False,
+) -> tuple[QueueSpec, ConsumerOptions]:
+    """The queue's spec and the validated options; `ConfigurationError` on any problem."""
+    where = f"@consumer({queue!r})"
+    try:
+        spec = topology.queue(queue)
+    except UnknownQueueError:
+        known = ", ".join(sorted(topology.queues)) or "none"
+        raise ConfigurationError(
+            f"{where}: the topology has no queue {queue!r} (queues: {known})"
+        ) from None
+    if not _is_int(concurrency) or concurrency < 1:
+        raise ConfigurationError(
+            f"{where}: concurrency must be an integer >= 1, not {concurrency!r}"
+        )
+    if policy not in POLICIES:
+        raise ConfigurationError(
+            f"{where}: policy must be one of {', '.join(POLICIES)}, not {policy!r}"
+        )
+    if time_limit is not None and (not _is_number(time_limit) or time_limit <= 0):
+        raise ConfigurationError(f"{where}: time_limit must be seconds > 0, not {time_limit!r}")
+    if not isinstance(dedupe, bool):
+        raise ConfigurationError(f"{where}: dedupe must be True or False, not {dedupe!r}")
+    return spec, ConsumerOptions(
+        queue=queue,
+        concurrency=concurrency,
+        policy=cast(PolicyName, policy),
+        time_limit=None if time_limit is None else float(time_limit),
+        retry=_retry_policy(where, spec.retry, max_attempts, max_deliveries),
+        prefetch_overrides=_prefetch(where, spec, prefetch),
+        dedupe=dedupe,
+    )
+
+
+def _retry_policy(
+    where: str, base: RetryPolicy, max_attempts: Any, max_deliveries: Any
+) -> RetryPolicy:
+    overrides = {
+        name: value
+        for name, value in (("max_attempts", max_attempts), ("max_deliveries", max_deliveries))
+        if value is not None
+    }
+    for name, value in overrides.items():
+        if not _is_int(value):
+            raise ConfigurationError(f"{where}: {name} must be an integer, not {value!r}")
+    try:
+        return RetryPolicy.model_validate({**base.model_dump(), **overrides})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc'])} {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ConfigurationError(f"{where}: {problems}") from None
+
+
+def _prefetch(where: str, spec: QueueSpec, prefetch: Any) -> dict[str, int]:
+    if prefetch is None:
+        return {}
+    if not isinstance(prefetch, Mapping):
+        raise ConfigurationError(f"{where}: prefetch must map band names to counts")
+    bands = [band.name for band in spec.bands]
+    checked: dict[str, int] = {}
+    for name, count in prefetch.items():
+        if name not in bands:
+            raise ConfigurationError(
+                f"{where}: prefetch names band {name!r}, but {spec.name!r} has bands "
+                f"{', '.join(bands)}"
+            )
+        if not _is_int(count) or count < 1:
+            raise ConfigurationError(f"{where}: prefetch of band {name!r} must be >= 1")
+        checked[name] = count
+    return checked
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -51,4 +196,12 @@ class Registry(Protocol):
     def consumers(self) -> tuple[Consumer, ...]: ...
 
 
-__all__ = ["Consumer", "Registry"]
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "Consumer",
+    "ConsumerOptions",
+    "Handler",
+    "Registry",
+    "check_options",
+    "is_async",
+]

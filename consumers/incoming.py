@@ -3,8 +3,9 @@
 aio-pika's consumer makes an `IncomingMessage` of every delivery, copying all of its properties
 through a `__setattr__` that checks a lock, and runs the callback in a task of its own on top of
 the one aiormq runs it in: together about a tenth of the worker's CPU per message. A worker
-reads a handful of properties, acks through `consumers.acks` and nacks to give a message back,
-so `Incoming` holds just those (`consumers.subscription` consumes with aiormq).
+reads a handful of properties, acks through `bandgate.consumers.acks` and nacks to give a
+message back, so `Incoming` holds just those (`bandgate.consumers.subscription` consumes with
+aiormq).
 
 `Delivered` is what reading and settling need of a delivery; aio-pika's `IncomingMessage` has it
 too, so code and tests that get messages from aio-pika (`basic.get`, the DLQ tools) pass those.
@@ -78,7 +79,7 @@ class Incoming:
         self.timestamp: datetime | None = properties.timestamp
         self.redelivered: bool | None = delivery.redelivered
         self._channel = delivered.channel
-        # Its channel's unsettled deliveries, for acks with `multiple` (`consumers.acks`).
+        # Its channel's unsettled deliveries, for acks with `multiple` (`bandgate.consumers.acks`).
         self.unsettled = unsettled
         if unsettled is not None and self.delivery_tag is not None:
             unsettled.tags.add(self.delivery_tag)

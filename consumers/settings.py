@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from bandgate.consumers.headroom import IDLE_AFTER
+from bandgate.consumers.scheduling import IDLE_AFTER
 from bandgate.core.ledger import CATCHUP_SECONDS
 from bandgate.topology import naming
 from bandgate.topology.settings import BrokerSettings
@@ -44,13 +44,13 @@ class WorkerSettings(BrokerSettings):
         ge=0,
         description="once no hotter message arrived for this long, the coldest band may fill "
         "every slot; until then it leaves a headroom sized from hotter work's use of the "
-        "slots (consumers.headroom); 0: no headroom, the coldest band keeps a prefetch of C/4",
+        "slots (consumers.scheduling); 0: no headroom, the coldest band keeps a prefetch of C/4",
     )
     share_shards_seconds: float = Field(
         default=1.0,
         gt=0,
         description="ordered sharded queues: how often a worker checks that it holds no more "
-        "than its share of a band's shards (see consumers.balance)",
+        "than its share of a band's shards (see consumers.sharing)",
     )
     connect_timeout_seconds: float = Field(
         default=30.0, ge=0, description="at start-up, how long to retry reaching the broker"

@@ -1,4 +1,5 @@
-"""One RabbitMQ queue a runner consumes: a band's queue or one shard of it, on its own channel.
+"""One RabbitMQ queue a runner consumes (a band's queue or one shard of it, on its own channel),
+and the deliveries it brings.
 
 Each queue gets its own channel (the prefetch is per consumer, and a queue with a single active
 consumer is handed back by closing its channel, which must not touch the others).
@@ -13,9 +14,9 @@ Giving a message back differs with the queue's consumers:
   was delivered, before the next active consumer gets anything.
 
 Deliveries are pushed: aiormq calls the subscription for each one, and it hands them to its
-`Receiver` (the runner's `consumers.intake`) with itself as the source. The receiver is an
-object given to `open`, not a closure, and the one place deliveries enter a runner. It also
-hears when the consumer is lost (`consumers.resubscribe`).
+`Receiver` (the runner, `bandgate.consumers.runner`) as a `Delivery` from itself. The receiver
+is an object given to `open`, not a closure, and the one place deliveries enter a runner. It
+also hears when the consumer is lost, and consumes the queue again.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustChannel
+from aio_pika.exceptions import ChannelInvalidStateError
 from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
 
 from bandgate.consumers.acks import Unsettled
-from bandgate.consumers.incoming import Incoming
+from bandgate.consumers.incoming import Delivered, Incoming
+from bandgate.topology import wire
 
 REOPEN_TIMEOUT_SECONDS = 10.0
 """How long `resume` waits for a robust channel that is reopening after a reconnection."""
@@ -40,8 +43,8 @@ log = logging.getLogger(__name__)
 
 
 class Receiver(Protocol):
-    async def receive(self, subscription: Subscription, incoming: Incoming) -> None:
-        """A delivery came on `subscription`'s queue."""
+    async def receive(self, delivery: Delivery) -> None:
+        """A delivery came on its subscription's queue."""
         ...
 
     def lost(self, subscription: Subscription, reason: str) -> None:
@@ -61,8 +64,9 @@ class Subscription:
     # Believed to be the queue's active consumer: it was the first consumer when it subscribed,
     # or a message came. Always true for competing consumers.
     active: bool = False
-    # Its messages are being handed back: none starts, and the channel closes once none runs.
-    releasing: bool = False
+    # What arrives is given back and nothing buffered starts: it is paused, lost, or being
+    # handed over (its channel closes once none of its messages runs).
+    giving_back: bool = False
     running: int = 0
     channel: AbstractChannel | None = None
     _consumer_tag: str | None = None
@@ -73,11 +77,11 @@ class Subscription:
     async def open(self, connection: AbstractConnection, receiver: Receiver) -> int:
         """Consume the queue on a new channel; the number of messages ready just before.
 
-        It consumes with aiormq (`consumers.incoming` says why), so a robust channel's own
+        It consumes with aiormq (`bandgate.consumers.incoming` says why), so a robust channel's own
         restore does not know the consumer: after a reconnect, `_restore` subscribes again.
         The queue is looked up with aiormq too: a robust channel would declare a queue it
         looked up again at every reconnect, and a reconnect would fail while the queue is gone
-        (the subscription, not the connection, waits for it: `consumers.resubscribe`).
+        (the subscription, not the connection, waits for it: the runner consumes it again).
         """
         channel = await connection.channel()
         self.channel = channel
@@ -89,7 +93,7 @@ class Subscription:
             await self.close()
             raise
         self.active = not self.single_active or not declared.consumer_count
-        self.releasing = False
+        self.giving_back = False
         self._receiver = receiver
         if isinstance(channel, AbstractRobustChannel):
             channel.reopen_callbacks.add(self._restore)
@@ -117,7 +121,8 @@ class Subscription:
         unsettled = self._unsettled
         if unsettled is None or unsettled.channel is not delivered.channel:
             unsettled = self._unsettled = Unsettled(delivered.channel)  # a new tag space
-        await self._receiver.receive(self, Incoming(delivered, unsettled))
+        incoming = Incoming(delivered, unsettled)
+        await self._receiver.receive(Delivery(self, incoming, partition_key(incoming)))
 
     def _cancelled(self, frame: Basic.Cancel) -> None:
         """A basic.cancel from the broker (a consumer this worker cancelled gets a CancelOk)."""
@@ -144,9 +149,9 @@ class Subscription:
 
     async def pause(self) -> None:
         """Stop deliveries for a while (competing consumers only); the receiver gives back
-        what arrives meanwhile (`releasing`). An HTTP receiver pauses while no client waits, so
+        what arrives meanwhile (`giving_back`). An HTTP receiver pauses while no client waits, so
         that it holds no messages another gateway process's clients could take."""
-        self.releasing = True
+        self.giving_back = True
         await self.cancel()
 
     async def resume(self) -> int:
@@ -159,7 +164,7 @@ class Subscription:
                 await self.channel.ready()
         underlay = await self.channel.get_underlay_channel()
         declared = await underlay.queue_declare(self.queue, passive=True)
-        self.releasing = False
+        self.giving_back = False
         await self._consume()
         return declared.message_count or 0
 
@@ -200,3 +205,37 @@ class Subscription:
                 await channel.close()
             except Exception as exc:
                 log.debug("closing the channel of %s: %r", self.queue, exc)
+
+
+@dataclass(eq=False)
+class Delivery:
+    """A delivery on its way through a runner: the subscription it came on, what the broker
+    delivered, and the partition key it runs under."""
+
+    subscription: Subscription
+    incoming: Delivered
+    key: str | None
+    _rank: tuple[int, float] | None = field(default=None, repr=False)  # for the shard merge
+
+    @property
+    def band(self) -> int:
+        return self.subscription.band
+
+    @property
+    def body(self) -> bytes:
+        return self.incoming.body
+
+    @property
+    def channel_gone(self) -> bool:
+        """True when its channel closed (the broker took the message back then)."""
+        try:
+            return self.incoming.channel.is_closed
+        except ChannelInvalidStateError:
+            return True
+
+
+def partition_key(incoming: Delivered) -> str | None:
+    return wire.header_text((incoming.headers or {}).get(wire.PARTITION_KEY))
+
+
+__all__ = ["REOPEN_TIMEOUT_SECONDS", "Delivery", "Receiver", "Subscription", "partition_key"]

@@ -4,7 +4,7 @@ A decorated handler is a plain function, so the simplest test builds a `Message`
 `make_message` and calls it. `deliver` goes one step further and runs the app's handler the way
 the worker would (sync handlers in a thread, the time limit, the retry policy) and returns the
 outcome the worker would settle: `Ack()`, `RetryLater(...)` or `DeadLetter(...)`. It decides
-through the worker's own `consumers.decide.Attempt`, so the two cannot disagree.
+through the worker's own `bandgate.consumers.decision.Attempt`, so the two cannot disagree.
 
 ```python
 from bandgate.consumers.testing import Ack, DeadLetter, deliver, make_message
@@ -23,9 +23,8 @@ from datetime import datetime
 from typing import Any
 
 from bandgate.consumers.app import ConsumerApp
-from bandgate.consumers.decide import Attempt
+from bandgate.consumers.decision import Ack, Attempt, DeadLetter, Outcome, RetryLater
 from bandgate.consumers.message import Message
-from bandgate.consumers.outcome import Ack, DeadLetter, Outcome, RetryLater
 from bandgate.topology import wire
 from bandgate.topology.model import QueueSpec, Topology
 from bandgate.topology.priority import DEFAULT_PRIORITY
@@ -78,7 +77,9 @@ async def deliver(app: ConsumerApp, message: Message, *, seed: int | None = None
     message again in place after `delay` seconds.
     """
     consumer = app.consumer_for(message.queue)
-    return await Attempt(consumer, message).run(rng=random.Random(seed))
+    longest = app.topology.ladder.max_delay_ms / 1000  # as the worker's retries (`decide`)
+    attempt = Attempt(consumer, message, longest_delay=longest)
+    return await attempt.run(rng=random.Random(seed))
 
 
 __all__ = ["Ack", "DeadLetter", "Outcome", "RetryLater", "deliver", "make_message"]

@@ -21,12 +21,11 @@ from aio_pika.abc import AbstractRobustConnection
 from prometheus_client import start_http_server
 
 from bandgate.consumers.consumer import Registry
+from bandgate.consumers.decision import Tombstones
 from bandgate.consumers.errors import ConsumerError
-from bandgate.consumers.runner import ConsumerRunner
+from bandgate.consumers.runner import ConsumerRunner, Timings
 from bandgate.consumers.settings import EventLoopName, WorkerSettings
-from bandgate.consumers.settle import Settler
-from bandgate.consumers.telemetry import ConsumerTelemetry
-from bandgate.consumers.tombstones import Tombstones
+from bandgate.consumers.settlement import Settler
 from bandgate.core import amqp_read, cluster_connection
 from bandgate.core.heap import settle_heap
 from bandgate.core.ledger_follower import LedgerFollower
@@ -164,19 +163,14 @@ class Worker:
                 await follower.start(self.settings.ledger_catchup_seconds)
                 tombstones = Tombstones(follower)
             self.ledger = follower
-            observed = ConsumerTelemetry(self.telemetry)
             self.runners = [
                 ConsumerRunner(
                     consumer,
                     connection,
                     settler,
                     concurrency=self.concurrency,
-                    prime_timeout=self.settings.startup_prime_seconds,
-                    refill_wait=self.settings.refill_wait_seconds,
-                    share_interval=self.settings.share_shards_seconds,
-                    headroom_after=self.settings.cold_boost_seconds,
-                    telemetry=observed,
-                    resubscribe_interval=self.settings.reconnect_interval_seconds,
+                    timings=Timings.of(self.settings),
+                    telemetry=self.telemetry,
                     tombstones=tombstones,
                 )
                 for consumer in self.app.consumers

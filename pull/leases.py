@@ -1,9 +1,9 @@
 """Leases: a message handed to an HTTP client, invisible to others until it is settled or lapses.
 
 A lease is the parked handler's side of a message (`bandgate.pull.receiver`): the handler waits
-for its `verdict`, which the client's ack, release or extend decides, or its visibility timer
-when that runs out first. The book keeps this process's leases by number and counts them per
-token (`BANDGATE_PULL_MAX_LEASES_PER_TOKEN`).
+for how it `ended`, which the client's ack or release decides (an extend moves its timer), or
+its visibility timer when that runs out first. The book keeps this process's leases by number
+and counts them per token (`BANDGATE_PULL_MAX_LEASES_PER_TOKEN`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from bandgate.consumers.delivery import Delivery
-from bandgate.consumers.message import Message
-from bandgate.consumers.outcome import Outcome
-from bandgate.consumers.telemetry import ConsumerTelemetry
-from bandgate.core.telemetry import Telemetry
+from bandgate.consumers import Delivery, Message, Outcome
 from bandgate.pull.receipts import Receipt, ReceiptError, Signer
 
 
@@ -42,7 +38,7 @@ class Lapsed:
     """Its visibility timeout ran out: visible again, one more receive counted."""
 
 
-Verdict = Acked | Released | Lapsed
+LeaseEnd = Acked | Released | Lapsed
 
 
 class LeaseGone(Exception):
@@ -56,7 +52,7 @@ class Lease:
         "queue",
         "message",
         "owner",
-        "verdict",
+        "ended",
         "task",
         "outcome",
         "delivery",
@@ -70,10 +66,10 @@ class Lease:
         self.queue = queue
         self.message = message
         self.owner = owner  # the token's name, for its lease count
-        self.verdict: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        self.ended: asyncio.Future[LeaseEnd] = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task[Outcome | None] | None = None  # the pipeline settling it
         self.delivery: Delivery | None = None  # what the broker delivered
-        # What the pipeline made of the verdict, once settled on the broker.
+        # What the runner made of how it ended, once settled on the broker.
         self.outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._timer: asyncio.TimerHandle | None = None
         self.visible_until = datetime.now(UTC)
@@ -83,15 +79,15 @@ class Lease:
         if self._timer is not None:
             self._timer.cancel()
         self.visible_until = datetime.fromtimestamp(time.time() + seconds, UTC)
-        self._timer = asyncio.get_running_loop().call_later(seconds, self.decide, Lapsed())
+        self._timer = asyncio.get_running_loop().call_later(seconds, self.end, Lapsed())
 
-    def decide(self, verdict: Verdict) -> bool:
-        """Settle the lease; False when it was decided already."""
-        if self.verdict.done():
+    def end(self, how: LeaseEnd) -> bool:
+        """End the lease; False when it had ended already."""
+        if self.ended.done():
             return False
         if self._timer is not None:
             self._timer.cancel()
-        self.verdict.set_result(verdict)
+        self.ended.set_result(how)
         return True
 
 
@@ -122,7 +118,7 @@ class LeaseBook:
         `queue`, `LeaseGone` when it is no longer held."""
         self.signer.verify(receipt, queue)
         lease = self._leases.get(receipt.lease)
-        if lease is None or lease.verdict.done():
+        if lease is None or lease.ended.done():
             raise LeaseGone(receipt.text)
         return lease
 
@@ -133,20 +129,19 @@ class LeaseBook:
         return len(self._leases)
 
 
-class Settlements(ConsumerTelemetry):
-    """The pipeline's telemetry, which also tells a settling client what its message came to.
+class Settlements:
+    """The runner's hooks (`bandgate.consumers.RunnerHooks`): they tell a client that ended a
+    lease what its message came to.
 
-    The pipeline reports each handler run's outcome once it is settled (its retry or dead-letter
+    The runner reports each handler run's outcome once it is settled (its retry or dead-letter
     copy confirmed); on an ordered queue a retry in place is reported before its back-off, while
-    the pipeline task goes on holding the message."""
+    the runner goes on holding the message (and leases it again)."""
 
-    def __init__(self, telemetry: Telemetry | None) -> None:
-        super().__init__(telemetry)
-        self.awaited: dict[int, asyncio.Future[Outcome]] = {}  # by id() of the handler's Message
+    def __init__(self) -> None:
+        self.awaited: dict[Delivery, asyncio.Future[Outcome]] = {}  # of the leased deliveries
 
-    def finished(self, message: Message, outcome: Outcome, seconds: float | None) -> None:
-        super().finished(message, outcome, seconds)
-        waiting = self.awaited.pop(id(message), None)
+    def settled(self, delivery: Delivery, message: Message, outcome: Outcome) -> None:
+        waiting = self.awaited.pop(delivery, None)
         if waiting is not None and not waiting.done():
             waiting.set_result(outcome)
 
@@ -155,10 +150,10 @@ __all__ = [
     "Acked",
     "Lapsed",
     "Lease",
-    "Settlements",
     "LeaseBook",
+    "LeaseEnd",
     "LeaseGone",
-    "Released",
     "ReceiptError",
-    "Verdict",
+    "Released",
+    "Settlements",
 ]

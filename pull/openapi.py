@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 from pydantic.json_schema import models_json_schema
 
-from bandgate.consumers.outcome import MAX_REASON_CHARS, DeadLetterCause
+from bandgate.consumers import MAX_REASON_CHARS, DeadLetterCause
 from bandgate.gateway.schemas import ErrorBody
 from bandgate.pull.routes import (
     MAX_ACK_BATCH,

@@ -1,18 +1,21 @@
 """One queue consumed over HTTP: the worker library's consumer, with a handler that parks.
 
-An HTTP receiver is a `ConsumerRunner` without a run loop: the same `Dispatcher` (waterfall,
-partition keys, shard merge) and pipeline (delivery limit, retries, dead-letters, metrics,
-traces). What differs:
+An HTTP receiver is a `ConsumerRunner` driven through its public interface
+(`bandgate.consumers.runner`) instead of its run loop: the same scheduling (waterfall, partition
+keys, shard merge) and pipeline (delivery limit, retries, dead-letters, metrics, traces). What
+differs:
 
-- a waiting `receive` takes from the dispatcher (a slot is a lease: `BANDGATE_PULL_MAX_LEASES`
-  per queue and process) and starts the message's pipeline, as the run loop would;
-- the handler (`_park`) opens a lease, hands it to that `receive`, and waits for its verdict:
+- a waiting `receive` `take`s from the runner (a slot is a lease: `BANDGATE_PULL_MAX_LEASES`
+  per queue and process) and `start`s the message's pipeline, as the run loop would;
+- the handler (`_park`) opens a lease, hands it to that `receive`, and waits for how it ends:
   an ack returns, a release raises `Retry` (a failed attempt: back-off, then the dead-letter
   queue after `max_attempts`) or `Reject` (dead-letter now), a lapse raises `Requeue` (back
-  in its queue at once, counted as a delivery, so `max_deliveries` applies);
-- the headroom's slots (`consumers.headroom`) are the open leases and the receives waiting
-  for a first message: a cold first message leaves enough receives waiting for hotter ones,
-  as a worker keeps free slots (a batch then takes what is at hand, cold or not);
+  in its queue at once, counted as a delivery, so `max_deliveries` applies); the runner's
+  hooks (`Settlements`) tell the client's request what its message came to;
+- the headroom's slots (`bandgate.consumers.scheduling`, Headroom) are the open leases and the
+  receives waiting for a first message (`ConsumerRunner.takers_waiting`): a cold first message
+  leaves enough receives waiting for hotter ones, as a worker keeps free slots (a batch then
+  takes what is at hand, cold or not);
 - while no client waits, the receiver pauses after `linger_seconds`: it stops consuming, so
   new messages go to gateway processes whose clients wait. On RabbitMQ 4.3 it also gives back
   what it holds unleased (a nack, which 4.3 does not count as a delivery). Earlier versions
@@ -22,9 +25,10 @@ traces). What differs:
   next (as a worker starts), so a backlog's order is strict from the first `receive` on.
   Ordered queues (single active consumer) never pause.
 
-On an ordered queue a release is retried in place (`consumers.ordering`): after the back-off the
-pipeline runs the handler again, which offers the message to the next `receive` before anything
-else (a "rerun"). A key is never handed out while one of its messages is leased or re-run.
+On an ordered queue a release is retried in place (`bandgate.consumers.decision`): after the
+back-off the pipeline runs the handler again, which offers the message to the next `receive`
+before anything else (a "rerun"). A key is never handed out while one of its messages is leased
+or re-run.
 """
 
 from __future__ import annotations
@@ -38,24 +42,30 @@ from dataclasses import dataclass, replace
 
 from aio_pika.abc import AbstractConnection
 
-from bandgate.consumers.consumer import Consumer
-from bandgate.consumers.delivery import Delivery
-from bandgate.consumers.errors import Reject, Requeue, Retry
-from bandgate.consumers.message import Message
-from bandgate.consumers.options import ConsumerOptions, keeps_headroom
-from bandgate.consumers.outcome import Outcome
-from bandgate.consumers.runner import ConsumerRunner
-from bandgate.consumers.settle import Settler
-from bandgate.consumers.tombstones import Tombstones
+from bandgate.consumers import (
+    Consumer,
+    ConsumerOptions,
+    ConsumerRunner,
+    Delivery,
+    Message,
+    Outcome,
+    Reject,
+    Requeue,
+    Retry,
+    Settler,
+    Timings,
+    Tombstones,
+    keeps_headroom,
+)
 from bandgate.core.telemetry import Telemetry
 from bandgate.pull.leases import (
     Lapsed,
     Lease,
     LeaseBook,
+    LeaseEnd,
     LeaseGone,
     Released,
     Settlements,
-    Verdict,
 )
 from bandgate.pull.settings import PullSettings
 from bandgate.topology.model import QueueSpec
@@ -105,7 +115,7 @@ class PullQueue:
         self.count_returns = count_returns
         self.book = book
         self.settings = settings
-        self.settlements = Settlements(telemetry)
+        self.settlements = Settlements()
         self._leased = telemetry.series(telemetry.leased, spec.name) if telemetry else None
         leases = settings.max_leases
         # Every band may lease every slot; the coldest shares them through the headroom (`_seats`).
@@ -117,7 +127,8 @@ class PullQueue:
             prefetch_overrides={band.name: leases for band in spec.bands if band.name != coldest},
         )
         boost = settings.cold_boost_seconds
-        if not keeps_headroom(spec, options, options.prefetch(spec), boost):
+        overrides = options.prefetch_overrides
+        if not keeps_headroom(spec, options.policy, overrides, options.prefetch(spec), boost):
             every = {band.name: leases for band in spec.bands}
             options = replace(options, prefetch_overrides=every)
         self._empty: set[object] = set()  # receives waiting with no message yet
@@ -126,11 +137,12 @@ class PullQueue:
             connection,
             settler,
             concurrency=leases,
-            telemetry=self.settlements,
+            timings=Timings(headroom_after=boost),
+            telemetry=telemetry,
             tombstones=tombstones,
-            headroom_after=boost,
-            slots=self._seats,
+            hooks=self.settlements,
         )
+        self.runner.takers_waiting(0)  # the headroom's slots: leases and waiting receives
         self._waiting = 0
         self._paused = False
         self._switch = asyncio.Lock()
@@ -156,9 +168,7 @@ class PullQueue:
         owner may still open) is used up."""
         self._waiting += 1
         seat = object()
-        self._empty.add(seat)
-        if self.runner.headroom is not None:  # a seat more: a held-back cold lease may go
-            self.runner.dispatcher.reconsider()
+        self._seat(seat, empty=True)  # a seat more: a held-back cold lease may go
         if self._pause_timer is not None:
             self._pause_timer.cancel()
             self._pause_timer = None
@@ -170,19 +180,25 @@ class PullQueue:
         except asyncio.CancelledError:
             # Nobody will see these receipts: give the messages back now, uncounted.
             for lease in leases:
-                self.settlements.awaited.pop(id(lease.message), None)
+                if lease.delivery is not None:
+                    self.settlements.awaited.pop(lease.delivery, None)
                 if lease.task is not None:
                     lease.task.cancel()
             raise
         finally:
-            self._empty.discard(seat)
+            self._seat(seat, empty=False)
             self._waiting -= 1
             if not self._waiting:
                 self._idle()
 
-    def _seats(self, running: int) -> int:
-        """The headroom's slots: open leases, and receives waiting for a first message."""
-        return running + len(self._empty)
+    def _seat(self, seat: object, *, empty: bool) -> None:
+        """Whether a receive's `seat` waits for a first message: the headroom's slots are
+        the open leases and these."""
+        if empty:
+            self._empty.add(seat)
+        else:
+            self._empty.discard(seat)
+        self.runner.takers_waiting(len(self._empty))
 
     async def _fill(
         self,
@@ -194,7 +210,7 @@ class PullQueue:
         owner: str,
         allowance: Callable[[], int],
     ) -> list[Lease]:
-        dispatcher = self.runner.dispatcher
+        runner = self.runner
         size = 0
         while len(leases) < count and size < self.settings.max_response_bytes and allowance() > 0:
             if self._reruns:
@@ -202,12 +218,12 @@ class PullQueue:
                 lease = self._open(rerun.message, rerun.delivery, rerun.task, visibility, owner)
                 rerun.leased.set_result(lease)
                 leases.append(lease)
-                self._empty.discard(seat)
-                size += len(rerun.delivery.incoming.body)
+                self._seat(seat, empty=False)
+                size += len(rerun.delivery.body)
                 continue
             if leases:
                 # A batch returns at once: what it takes keeps no receive waiting, headroom or not.
-                taken = dispatcher.take_nowait(headroom=False)
+                taken = runner.take_nowait(within_headroom=False)
                 if taken is None:
                     break  # what is at hand now is all this response gets
             else:
@@ -217,33 +233,31 @@ class PullQueue:
                     break
                 if taken is None:
                     continue  # a rerun is ready
-                self._empty.discard(seat)  # counted as a lease from now on
+                self._seat(seat, empty=False)  # counted as a lease from now on
             leased = await self._lease(*taken, visibility, owner)
             if leased is None and not leases:
-                self._empty.add(seat)  # settled without a lease: still waiting for a first
+                self._seat(seat, empty=True)  # settled without a lease: still waiting for one
             if leased is not None:
                 leases.append(leased)
-                size += len(taken[1].incoming.body)
+                size += len(taken[1].body)
         return leases
 
     async def _take(self, deadline: float) -> tuple[int, Delivery] | None:
-        """The dispatcher's next message by `deadline` (loop time), else `TimeoutError`; None
+        """The runner's next message by `deadline` (loop time), else `TimeoutError`; None
         when a rerun became ready first."""
-        dispatcher = self.runner.dispatcher
+        runner = self.runner
         if not self.spec.ordered:
             async with asyncio.timeout_at(deadline):
-                return await dispatcher.take()  # claims nothing unless it returns
+                return await runner.take()  # claims nothing unless it returns
         self._rerun_ready.clear()
-        taking = asyncio.ensure_future(dispatcher.take())
+        taking = asyncio.ensure_future(runner.take())
         rerun = asyncio.ensure_future(self._rerun_ready.wait())
         remaining = max(0.0, deadline - asyncio.get_running_loop().time())
         try:
             await asyncio.wait((taking, rerun), timeout=remaining, return_when="FIRST_COMPLETED")
         except BaseException:
             if taking.done() and not taking.cancelled() and taking.exception() is None:
-                band, delivery = taking.result()  # taken as this receive was cancelled
-                dispatcher.done(band, delivery)
-                await self.runner.handback.give_back(delivery)
+                await runner.untake(*taking.result())  # taken as this receive was cancelled
             raise
         finally:
             for waiter in (taking, rerun):
@@ -280,7 +294,7 @@ class PullQueue:
         return leased.result()
 
     async def _park(self, message: Message) -> None:
-        """The handler: lease the message, wait for the verdict, and say it the library's way."""
+        """The handler: lease the message, wait for how it ends, and say it the library's way."""
         handoff = _HANDOFF.get()
         if handoff.leased.done():
             # Run again in place (ordered queue): wait for the next receive to lease it.
@@ -294,17 +308,17 @@ class PullQueue:
             )
             handoff.leased.set_result(lease)
         try:
-            verdict = await lease.verdict
+            how = await lease.ended
         finally:
             self.book.close(lease)
             if self._leased is not None:
                 self._leased.dec()
-        if isinstance(verdict, Lapsed):
+        if isinstance(how, Lapsed):
             raise Requeue("visibility timeout lapsed")
-        if isinstance(verdict, Released):
-            if verdict.dead_letter:
-                raise Reject(verdict.reason or "dead-lettered by the HTTP client")
-            raise Retry(verdict.delay, verdict.reason or "released by the HTTP client")
+        if isinstance(how, Released):
+            if how.dead_letter:
+                raise Reject(how.reason or "dead-lettered by the HTTP client")
+            raise Retry(how.delay, how.reason or "released by the HTTP client")
 
     def _open(
         self,
@@ -319,15 +333,15 @@ class PullQueue:
             self._leased.inc()
         lease.delivery = delivery
         lease.task = task
-        self.settlements.awaited[id(message)] = lease.outcome
+        self.settlements.awaited[delivery] = lease.outcome
         return lease
 
-    async def settle(self, lease: Lease, verdict: Verdict) -> Outcome | None:
-        """Decide a lease and wait until its message is settled on the broker: its outcome."""
+    async def end(self, lease: Lease, how: LeaseEnd) -> Outcome | None:
+        """End a lease and wait until its message is settled on the broker: its outcome."""
         if lease.delivery is not None and lease.delivery.channel_gone:
-            lease.decide(Lapsed())
+            lease.end(Lapsed())
             raise LeaseGone(lease.receipt)  # the broker took it back with its channel
-        if not lease.decide(verdict):
+        if not lease.end(how):
             raise LeaseGone(lease.receipt)
         assert lease.task is not None
         # A client that hangs up does not stop the settlement half-way: nothing is cancelled.
@@ -352,37 +366,18 @@ class PullQueue:
 
     async def _pause(self) -> None:
         async with self._switch:
-            if self._waiting or self._paused or self.runner.lifetime.stopping:
+            if self._waiting or self._paused or self.runner.stopping:
                 return
-            runner = self.runner
-            for subscription in (s for band in runner.subscriptions for s in band):
-                await subscription.pause()
+            # Before 4.3, what it holds waits here for the next receive: see the docstring.
+            await self.runner.pause(give_back_held=not self.count_returns)
             self._paused = True
-            if self.count_returns:
-                return  # what it holds waits here for the next receive: see the docstring
-            for band in range(len(self.spec.bands)):
-                for delivery in runner.dispatcher.discard(band, lambda _: True):
-                    await runner.handback.give_back(delivery)
 
     async def _resume(self) -> None:
-        """Consume again, hottest band first, each primed (`consumers.startup`'s reasons)."""
+        """Consume again, hottest band first, each primed (`ConsumerRunner.open`'s reasons)."""
         async with self._switch:  # after a pause under way, if one is
             if not self._paused:
                 return
-            runner = self.runner
-            for index, subscriptions in enumerate(runner.subscriptions):
-                expected = runner.intake.arrived(index)
-                held = runner.dispatcher.at_hand(index)  # kept through the pause (before 4.3)
-                for subscription in subscriptions:
-                    ready = await subscription.resume()
-                    kept = sum(1 for delivery in held if delivery.subscription is subscription)
-                    room = subscription.prefetch - subscription.running - kept
-                    expected += min(ready, max(0, room))
-                try:
-                    async with asyncio.timeout(runner.prime_timeout):
-                        await runner.intake.arrival(index, expected)
-                except TimeoutError:
-                    log.debug("resuming %s: band %d not primed", self.spec.name, index)
+            await self.runner.resume()
             self._paused = False
 
     async def close(self) -> None:

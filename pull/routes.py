@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from bandgate.consumers.outcome import MAX_REASON_CHARS
+from bandgate.consumers import MAX_REASON_CHARS
 from bandgate.gateway.auth import authorize, charge
 from bandgate.gateway.errors import ApiError, count_rejected
 from bandgate.gateway.routes import json_body, queue_spec, topology_of

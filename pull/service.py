@@ -18,14 +18,12 @@ import aiormq
 from aio_pika.abc import AbstractConnection
 from aio_pika.exceptions import ChannelInvalidStateError
 
-from bandgate.consumers.outcome import Ack, DeadLetter, GiveBack, Outcome, RetryLater
-from bandgate.consumers.settle import Settler
-from bandgate.consumers.tombstones import Tombstones
+from bandgate.consumers import Ack, DeadLetter, GiveBack, Outcome, RetryLater, Settler, Tombstones
 from bandgate.core.broker import BrokerLink
 from bandgate.core.ledger_follower import LedgerFollower
 from bandgate.core.telemetry import Telemetry
 from bandgate.gateway.errors import ApiError
-from bandgate.pull.leases import Acked, Lease, LeaseBook, LeaseGone, Released, Verdict
+from bandgate.pull.leases import Acked, Lease, LeaseBook, LeaseEnd, LeaseGone, Released
 from bandgate.pull.mailbox import Answer, Command, HolderGone, Mailbox
 from bandgate.pull.receipts import Receipt, ReceiptError, Signer, new_replica_id, parse
 from bandgate.pull.receiver import PullQueue
@@ -173,18 +171,20 @@ class Receivers:
             ) from None
 
     async def ack(self, queue: str, receipt: str) -> dict[str, Any]:
-        return await self._settle(queue, receipt, {"op": "ack"})
+        return await self._on_receipt(queue, receipt, {"op": "ack"})
 
     async def release(
         self, queue: str, receipt: str, delay: float | None, reason: str | None, dead_letter: bool
     ) -> dict[str, Any]:
         command = {"op": "release", "delay": delay, "reason": reason, "dead_letter": dead_letter}
-        return await self._settle(queue, receipt, command)
+        return await self._on_receipt(queue, receipt, command)
 
     async def extend(self, queue: str, receipt: str, visibility: float) -> dict[str, Any]:
-        return await self._settle(queue, receipt, {"op": "extend", "visibility": visibility})
+        return await self._on_receipt(queue, receipt, {"op": "extend", "visibility": visibility})
 
-    async def _settle(self, queue: str, text: str, command: Command) -> dict[str, Any]:
+    async def _on_receipt(self, queue: str, text: str, command: Command) -> dict[str, Any]:
+        """Carry out a client's command (ack, release, extend) on the lease `text` names: here,
+        or forwarded to the process holding it."""
         try:
             receipt = parse(text)
         except ReceiptError as exc:
@@ -227,7 +227,7 @@ class Receivers:
         if command["op"] == "extend":
             lease.hide_for(float(command["visibility"]))
             return {"receipt": receipt.text, "visible_until": iso(lease.visible_until)}
-        verdict: Verdict = (
+        how: LeaseEnd = (
             Acked()
             if command["op"] == "ack"
             else Released(command.get("delay"), command.get("reason"), command["dead_letter"])
@@ -235,7 +235,7 @@ class Receivers:
         owner = self._queues.get(queue)
         assert owner is not None, "a lease of a queue never received from"
         try:
-            outcome = await owner.settle(lease, verdict)
+            outcome = await owner.end(lease, how)
         except LeaseGone:
             raise lease_gone() from None
         return {"receipt": receipt.text, **outcome_body(outcome)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from bandgate.consumers.headroom import IDLE_AFTER
+from bandgate.consumers import IDLE_AFTER
 from bandgate.core.ledger import CATCHUP_SECONDS
 
 # SQS's bounds, which HTTP clients of queues know: visibility up to 12 hours, long polls up to
@@ -46,7 +46,7 @@ class PullSettings(BaseSettings):
         default=IDLE_AFTER,
         ge=0,
         description="while a hotter message arrived this recently, cold leases leave enough "
-        "receives waiting for hotter work (consumers.headroom); 0: cold leases take any seat",
+        "receives waiting for hotter work (consumers.scheduling); 0: cold leases take any seat",
     )
     ledger_catchup_seconds: float = Field(
         default=CATCHUP_SECONDS,

@@ -1,6 +1,6 @@
 """A consumer the broker gives up on comes back: a handler holds its message past the queue's
 consumer timeout (1 s, a `consumer-timeout` policy), the broker returns the message, and the
-same worker handles it again and goes on consuming the queue (`consumers.resubscribe`).
+same worker handles it again and goes on consuming the queue (`ConsumerRunner.lost`).
 
 How the broker gives up depends on the version: 4.3 cancels the consumer (a basic.cancel of its
 own, the channel left open), which the worker answers by consuming on a new channel, within a
@@ -22,7 +22,7 @@ import pytest
 from aio_pika.abc import AbstractRobustConnection
 
 from bandgate.consumers import ConsumerApp, Message
-from bandgate.consumers.resubscribe import MAX_INTERVAL
+from bandgate.consumers.runner import RESUBSCRIBE_MAX_SECONDS
 from bandgate.consumers.settings import WorkerSettings
 from bandgate.consumers.worker import Worker
 from bandgate.topology import naming
@@ -113,7 +113,11 @@ async def test_a_consumer_held_past_its_timeout_comes_back(
     # The held run's ack went nowhere: its channel was gone, and the message was acked after its
     # second run.
     assert any("could not ack message first" in r.getMessage() for r in caplog.records)
-    cancelled = [r for r in caplog.records if r.name == "bandgate.consumers.resubscribe"]
+    cancelled = [
+        r
+        for r in caplog.records
+        if r.name == "bandgate.consumers.runner" and "again" in r.getMessage()
+    ]
     if version >= (4, 3):  # a basic.cancel: the worker consumed again on a new channel
         assert cancelled[0].getMessage().startswith(f"{QUEUE}: the broker cancelled its consumer")
         assert cancelled[0].levelno == logging.WARNING
@@ -147,15 +151,13 @@ async def test_a_worker_consumes_a_deleted_queue_again_once_it_is_back(
 
     def resubscribing() -> list[str]:
         # Only this module's records: some of aio-pika's cannot be formatted (a repr that raises).
-        return [
-            r.getMessage() for r in caplog.records if r.name == "bandgate.consumers.resubscribe"
-        ]
+        return [r.getMessage() for r in caplog.records if r.name == "bandgate.consumers.runner"]
 
     def failed_tries() -> list[logging.LogRecord]:
         return [
             r
             for r in caplog.records
-            if r.name == "bandgate.consumers.resubscribe"
+            if r.name == "bandgate.consumers.runner"
             and r.getMessage().startswith(f"cannot consume {QUEUE}")
         ]
 
@@ -178,7 +180,7 @@ async def test_a_worker_consumes_a_deleted_queue_again_once_it_is_back(
     announced = [
         float(re.findall(r"trying again in ([\d.e+-]+) s", r.getMessage())[0]) for r in tries
     ]
-    assert announced == [min(0.1 * 2**k, MAX_INTERVAL) for k in range(len(tries))]
+    assert announced == [min(0.1 * 2**k, RESUBSCRIBE_MAX_SECONDS) for k in range(len(tries))]
     gaps = [later.created - earlier.created for earlier, later in itertools.pairwise(tries)]
     assert all(gap >= wait - 0.01 for gap, wait in zip(gaps, announced, strict=False)), gaps
     assert resubscribing()[-1] == f"consuming {QUEUE} again"

@@ -12,7 +12,7 @@ import pytest
 from aio_pika.abc import AbstractConnection
 
 from bandgate.consumers import ConsumerApp, Message
-from bandgate.consumers.dispatch import inversion_window
+from bandgate.consumers.scheduling import inversion_window
 from bandgate.consumers.settings import WorkerSettings
 from bandgate.consumers.worker import Worker
 from bandgate.core.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
@@ -66,7 +66,7 @@ async def test_a_backlog_starts_in_waterfall_order(
         await publish_backlog(connection, topology)
 
         # The windows hold for refill stalls shorter than the refill wait plus a handler run
-        # (`consumers.dispatch`). A full test run on two shared cores once stalled a hot refill
+        # (`consumers.scheduling`). A full test run on two shared cores once stalled a hot refill
         # past the default 0.1 s; the guarantee under test is the bound, given that condition.
         settings = WorkerSettings(amqp_url=amqp_url, refill_wait_seconds=0.5)
         app = ConsumerApp(settings, topology=topology)
@@ -168,7 +168,7 @@ async def test_the_coldest_band_fills_every_slot_while_hotter_bands_are_idle(
 
         worker = await start_worker(app)
         runner = worker.runners[0]
-        headroom = runner.headroom
+        headroom = runner.dispatcher.headroom
         assert headroom is not None
         assert runner.prefetch == (16, 16, 16)
         try:
@@ -218,7 +218,7 @@ async def test_the_coldest_band_fills_every_slot_once_a_hotter_backlog_drained(
             running["cold"] -= 1
 
         worker = await start_worker(app)
-        headroom = worker.runners[0].headroom
+        headroom = worker.runners[0].dispatcher.headroom
         assert headroom is not None
         try:
             await asyncio.wait_for(all_slots_cold.wait(), 20)

@@ -97,8 +97,9 @@ async def test_gauges_show_busy_slots_messages_at_hand_and_the_headroom(
         read = await until(telemetry, lambda seen: seen.get(LOAD, 0) >= SLOTS - 0.5, "load")
         assert read[LOAD] <= SLOTS
         (runner,) = worker.runners
-        assert runner.headroom is not None
-        assert read[("bandgate_consumer_reserved_slots", "")] == runner.headroom.reserve() >= 1
+        headroom = runner.dispatcher.headroom
+        assert headroom is not None
+        assert read[("bandgate_consumer_reserved_slots", "")] == headroom.reserve() >= 1
 
         # Everything runs to its end: nothing busy, nothing waiting.
         release.set()

@@ -1,6 +1,6 @@
 """Dead-letter tooling: reading a dead letter, and list, replay and purge on a real broker.
 
-Dead letters are made the way a worker makes them: `consumers.republish.dead_letter_message`
+Dead letters are made the way a worker makes them: `consumers.settlement.dead_letter_message`
 published through the dead-letter exchange with confirms.
 """
 
@@ -18,10 +18,10 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from typer.testing import CliRunner
 
+from bandgate.consumers.decision import DeadLetter as DeadLetterOutcome
+from bandgate.consumers.decision import DeadLetterCause
 from bandgate.consumers.message import Message
-from bandgate.consumers.outcome import DeadLetter as DeadLetterOutcome
-from bandgate.consumers.outcome import DeadLetterCause
-from bandgate.consumers.republish import dead_letter_message
+from bandgate.consumers.settlement import dead_letter_message
 from bandgate.core.dead_letter_records import (
     REPLAYS,
     DeadLetter,

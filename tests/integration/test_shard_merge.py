@@ -1,8 +1,8 @@
 """A sharded band's backlog on a real broker: one worker at concurrency 1 starts the best head
-among the shards each time (`consumers.merge`), on whichever RabbitMQ the session runs.
+among the shards each time (`consumers.scheduling`), on whichever RabbitMQ the session runs.
 
 The backlog is in the shards before the worker starts, and the band's prefetch covers all of
-it, so the whole backlog is at hand before the first start (`consumers.startup` waits for it)
+it, so the whole backlog is at hand before the first start (`ConsumerRunner.open` waits for it)
 and the start order is exactly the merge of the shards' broker orders. (With a smaller prefetch
 a shard's next message may still be on its way when a slot frees, and the slot starts the best
 head at hand without it.) What each shard's broker order is depends on the version:
@@ -24,7 +24,7 @@ import pytest
 from aio_pika.abc import AbstractRobustConnection
 
 from bandgate.consumers import ConsumerApp, Message
-from bandgate.consumers.merge import BandBuffer
+from bandgate.consumers.scheduling import BandBuffer
 from bandgate.consumers.settings import WorkerSettings
 from bandgate.consumers.worker import Worker
 from bandgate.topology import wire

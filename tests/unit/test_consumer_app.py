@@ -9,8 +9,9 @@ import pytest
 
 import bandgate.consumers
 from bandgate.consumers import ConsumerApp, Message, Reject, Retry
+from bandgate.consumers.consumer import is_async
+from bandgate.consumers.decision import invoke
 from bandgate.consumers.errors import ConfigurationError, TimeLimitExceeded
-from bandgate.consumers.invoke import invoke, is_async
 from bandgate.consumers.settings import WorkerSettings
 from bandgate.consumers.testing import Ack, DeadLetter, RetryLater, deliver, make_message
 from bandgate.topology.loader import TopologyError
@@ -23,7 +24,11 @@ def app(topology: Topology) -> ConsumerApp:
 
 
 def test_the_package_exports_the_documented_names() -> None:
-    assert bandgate.consumers.__all__ == ["ConsumerApp", "Message", "Reject", "Requeue", "Retry"]
+    exported = bandgate.consumers.__all__
+    assert {"ConsumerApp", "Message", "Reject", "Requeue", "Retry"} <= set(exported)
+    assert exported == sorted(exported, key=lambda name: (not name.isupper(), name))
+    documented = bandgate.consumers.__doc__ or ""
+    assert [name for name in exported if f"`{name}`" not in documented] == []
 
 
 def test_the_decorated_function_stays_a_plain_function(app: ConsumerApp) -> None:

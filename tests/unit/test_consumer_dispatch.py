@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from bandgate.consumers.dispatch import (
+from bandgate.consumers.scheduling import (
     Dispatcher,
     DispatcherClosed,
     StrictPolicy,
@@ -220,14 +220,14 @@ def test_a_band_without_backlog_makes_nobody_wait() -> None:
     assert work.take_nowait() == (2, ("cold-1", None))
 
 
-def test_settle_ends_the_wait_when_the_broker_has_nothing_more() -> None:
+def test_refill_ended_ends_the_wait_when_the_broker_has_nothing_more() -> None:
     work = refilling(Clock())
     for name in ("hot-1", "hot-2", "cold-1"):
         work.put(2 if name.startswith("cold") else 0, (name, None))
     assert work.take_nowait() is not None
     assert work.take_nowait() is not None
     assert work.take_nowait() is None
-    work.settle(0)
+    work.refill_ended(0)
     assert work.take_nowait() == (2, ("cold-1", None))
 
 

@@ -9,10 +9,10 @@ from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
+from bandgate.consumers.decision import DeadLetter, RetryLater
 from bandgate.consumers.errors import MalformedMessage
 from bandgate.consumers.message import read_message
-from bandgate.consumers.outcome import DeadLetter, RetryLater
-from bandgate.consumers.republish import dead_letter_message, retry_envelope
+from bandgate.consumers.settlement import dead_letter_message, retry_envelope
 from bandgate.topology import wire
 from bandgate.topology.model import QueueSpec
 from bandgate.topology.wire import (

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from bandgate.consumers import ConsumerApp, Message, Reject, Retry
-from bandgate.consumers.balance import surplus
+from bandgate.consumers.decision import Ack, DeadLetter, Outcome, RetryLater, after_handler
 from bandgate.consumers.errors import MalformedMessage
-from bandgate.consumers.ordering import ordered_outcome
-from bandgate.consumers.outcome import Ack, DeadLetter, Outcome, RetryLater
+from bandgate.consumers.sharing import surplus
 from bandgate.consumers.testing import deliver, make_message
 from bandgate.topology.loader import parse_topology
 from bandgate.topology.model import FailureStrategy, RetryPolicy
@@ -17,7 +16,7 @@ POLICY = RetryPolicy(max_attempts=3, backoff_initial_seconds=1.0, jitter=0.0)
 
 
 def outcome(strategy: FailureStrategy, error: BaseException | None, attempt: int = 1) -> Outcome:
-    return ordered_outcome(error, make_message({}, attempt=attempt), POLICY, strategy)
+    return after_handler(error, make_message({}, attempt=attempt), POLICY, strategy=strategy)
 
 
 @pytest.mark.parametrize("strategy", ["skip", "block", "block_and_dlq"])

@@ -4,9 +4,8 @@ import random
 
 import pytest
 
-from bandgate.consumers import Reject, Retry
-from bandgate.consumers.errors import MalformedMessage, TimeLimitExceeded
-from bandgate.consumers.outcome import (
+from bandgate.consumers import ConsumerApp, Message, Reject, Retry
+from bandgate.consumers.decision import (
     MAX_REASON_CHARS,
     Ack,
     DeadLetter,
@@ -15,8 +14,12 @@ from bandgate.consumers.outcome import (
     backoff_delay,
     before_handler,
     describe,
+    within_ladder,
 )
-from bandgate.consumers.testing import make_message
+from bandgate.consumers.errors import MalformedMessage, TimeLimitExceeded
+from bandgate.consumers.settings import WorkerSettings
+from bandgate.consumers.testing import deliver, make_message
+from bandgate.topology.loader import parse_topology
 from bandgate.topology.model import RetryPolicy
 
 POLICY = RetryPolicy(
@@ -101,3 +104,35 @@ def test_describe_cuts_long_reasons() -> None:
 def test_retry_refuses_a_negative_delay() -> None:
     with pytest.raises(ValueError, match="negative"):
         Retry(delay=-1)
+
+
+async def test_a_retry_beyond_the_delay_ladder_waits_as_long_as_the_ladder_can() -> None:
+    """The clamp is part of the decision: the worker and `deliver` both see it, and an ordered
+    queue's retry in place (no ladder) is not clamped."""
+    longest = 51.15  # 10 levels of 50 ms
+    far = RetryLater(3600, 2, "x")
+    assert within_ladder(far, make_message(), longest) == RetryLater(longest, 2, "x")
+    assert within_ladder(far, make_message(), None) == far
+    near = RetryLater(3, 2, "x")
+    assert within_ladder(near, make_message(), longest) == near
+
+    topology = parse_topology(
+        {
+            "delay": {"base_ms": 50, "levels": 10},
+            "queues": {"orders": {}, "lines": {"ordered": True, "failure_strategy": "block"}},
+        }
+    )
+    app = ConsumerApp(WorkerSettings(), topology=topology)
+
+    async def handle(msg: Message) -> None:
+        raise Retry(delay=3600)
+
+    app.consumer("orders")(handle)
+    app.consumer("lines")(handle)
+    retried = await deliver(app, make_message(queue="orders", topology=topology))
+    assert isinstance(retried, RetryLater)
+    assert retried.delay == pytest.approx(longest)
+    assert retried.attempt == 2
+    in_place = await deliver(app, make_message(queue="lines", topology=topology))
+    assert isinstance(in_place, RetryLater)
+    assert in_place.delay == 3600

@@ -11,8 +11,8 @@ from aio_pika.abc import AbstractIncomingMessage
 from aio_pika.exceptions import ChannelInvalidStateError
 
 from bandgate.consumers.acks import AckWriter, Unsettled
-from bandgate.consumers.outcome import Ack, DeadLetter, RetryLater
-from bandgate.consumers.settle import Settled, Settler
+from bandgate.consumers.decision import Ack, DeadLetter, RetryLater
+from bandgate.consumers.settlement import Settled, Settler
 from bandgate.consumers.testing import make_message
 from bandgate.core.publishing import ChannelSet, ConfirmTimeout, Published, Publisher
 from bandgate.topology.model import DelaySettings, QueueSpec, Topology
@@ -116,7 +116,7 @@ async def test_an_unconfirmed_copy_leaves_the_original_unacked_for_the_caller(
     journal: list[str] = []
     settle, _ = settler(journal, fail=True)
     settled = await settle.settle(delivery(journal), make_message(band="warm"), WARM, outcome)
-    assert settled is Settled.UNCONFIRMED  # the pipeline gives it back (`consumers.handback`)
+    assert settled is Settled.UNCONFIRMED  # the pipeline gives it back (`ConsumerRunner.give_back`)
     assert journal == []  # neither acked nor nacked here
 
 
@@ -127,13 +127,3 @@ async def test_an_ack_on_a_lost_channel_is_reported_not_raised() -> None:
     settled = await settle.settle(delivery(journal, channel_gone=True), message, WARM, Ack())
     assert settled is Settled.CHANNEL_GONE
     assert journal == []
-
-
-async def test_a_retry_beyond_the_delay_ladder_waits_as_long_as_the_ladder_can() -> None:
-    journal: list[str] = []
-    settle, publisher = settler(journal)
-    longest = TOPOLOGY.ladder.max_delay_ms / 1000  # 10 levels of 50 ms: 51.15 s
-    await settle.settle(delivery(journal), make_message(), WARM, RetryLater(3600, 2, "x"))
-    [envelope] = publisher.envelopes
-    assert envelope.deliver_at is not None
-    assert (envelope.deliver_at - NOW).total_seconds() == pytest.approx(longest)

@@ -1,9 +1,10 @@
 """One decision path: the worker and `testing.deliver` come to the same outcome for every result.
 
 The worker's side is a real `ConsumerRunner`: the delivery enters through its intake, its run
-loop starts the pipeline, and the outcome is read where the pipeline hands it on (the settler, or
-the telemetry for a retry in place). Only the broker is missing: the settler records instead of
-publishing and acking. The outcomes must be equal, and each of the kind the result calls for.
+loop starts the pipeline, and the outcome is read where the runner hands it on (the settler, and
+its hooks for every attempt, a retry in place included). Only the broker is missing: the
+settler records instead of publishing and acking. The outcomes must be equal, and each of the
+kind the result calls for.
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ import pytest
 from aio_pika.abc import AbstractConnection
 
 from bandgate.consumers import ConsumerApp, Message, Reject, Retry
+from bandgate.consumers.decision import Ack, DeadLetter, Outcome, RetryLater
 from bandgate.consumers.incoming import Incoming
 from bandgate.consumers.message import read_message
-from bandgate.consumers.outcome import Ack, DeadLetter, Outcome, RetryLater
 from bandgate.consumers.runner import ConsumerRunner
 from bandgate.consumers.settings import WorkerSettings
-from bandgate.consumers.settle import Settled, Settler
-from bandgate.consumers.telemetry import ConsumerTelemetry
+from bandgate.consumers.settlement import Settled, Settler
+from bandgate.consumers.subscription import Delivery
 from bandgate.consumers.testing import deliver
+from bandgate.core.ledger_follower import LedgerFollower
 from bandgate.core.publishing import ChannelSet, Publisher
 from bandgate.topology import wire
 from bandgate.topology.loader import parse_topology
@@ -121,31 +123,36 @@ class RecordingSettler(Settler):
         self.settled: list[Outcome] = []
 
     async def settle(
-        self, delivery: Any, message: Message, band: Band, outcome: Outcome
+        self,
+        delivery: Any,
+        message: Message,
+        band: Band,
+        outcome: Outcome,
+        *,
+        ledger: LedgerFollower | None = None,
     ) -> Settled:
         self.settled.append(outcome)
         return Settled.ACKED
 
 
-class RecordingTelemetry(ConsumerTelemetry):
+class RecordingHooks:
     def __init__(self) -> None:
-        super().__init__()
         self.finished_with = asyncio.Queue[Outcome]()
 
-    def finished(self, message: Message, outcome: Outcome, seconds: float | None) -> None:
+    def settled(self, delivery: Delivery, message: Message, outcome: Outcome) -> None:
         self.finished_with.put_nowait(outcome)
 
 
 async def on_the_worker(app: ConsumerApp, queue: str, incoming: FakeDelivery) -> Outcome:
     """The outcome the runner's pipeline comes to for one delivery."""
     consumer = app.consumer_for(queue)
-    settler, telemetry = RecordingSettler(), RecordingTelemetry()
-    runner = ConsumerRunner(consumer, cast(AbstractConnection, None), settler, telemetry=telemetry)
+    settler, hooks = RecordingSettler(), RecordingHooks()
+    runner = ConsumerRunner(consumer, cast(AbstractConnection, None), settler, hooks=hooks)
     subscription = runner.subscriptions[0][0]
     loop = asyncio.create_task(runner.run())
     try:
-        await runner.intake.receive(subscription, cast(Incoming, incoming))
-        outcome = await asyncio.wait_for(telemetry.finished_with.get(), 5)
+        await runner.receive(Delivery(subscription, cast(Incoming, incoming), None))
+        outcome = await asyncio.wait_for(hooks.finished_with.get(), 5)
     finally:
         await runner.stop_consuming()  # ends a retry in place, unsettled, like a shutdown
         await asyncio.gather(*runner.in_flight)

@@ -1,4 +1,5 @@
-"""The coldest band's headroom (`consumers.headroom`): the reserve follows hotter work's share
+"""The coldest band's headroom (`bandgate.consumers.scheduling`): the reserve follows hotter
+work's share
 of the starts, and the dispatcher keeps cold work off it."""
 
 from __future__ import annotations
@@ -7,8 +8,7 @@ import math
 
 import pytest
 
-from bandgate.consumers.dispatch import Dispatcher, StrictPolicy
-from bandgate.consumers.headroom import WAIT_CHANCE, Headroom, self_wait
+from bandgate.consumers.scheduling import WAIT_CHANCE, Dispatcher, Headroom, StrictPolicy, self_wait
 
 C = 16
 
@@ -185,17 +185,17 @@ def test_slots_that_change_with_the_running_count_set_the_floor_and_the_reserve(
     """HTTP receivers: the slots are the open leases plus the receives waiting for a first
     message (`bandgate.pull.receiver`), so they change with every request."""
     clock = Clock()
-    waiting = 0
-    room = Headroom(256, idle_after=0.5, clock=clock, slots=lambda running: running + waiting)
+    room = Headroom(256, idle_after=0.5, clock=clock)
+    room.takers_waiting(0)
     room.hotter_arrived()  # reserve: 1 (no hotter slot busy yet)
-    waiting = 1
+    room.takers_waiting(1)
     assert room.admits(running=0, cold_running=0)  # under the floor of max(2, 1 // 4) = 2
     assert not room.admits(running=10, cold_running=10)  # the only waiting receive is kept
-    waiting = 2
+    room.takers_waiting(2)
     assert room.admits(running=10, cold_running=10)  # one stays waiting after this one
     assert room.reserve(slots=12) == 1
     clock.now += 0.6  # no hotter arrival since: every waiting receive may take cold work
-    waiting = 1
+    room.takers_waiting(1)
     assert room.admits(running=10, cold_running=10)
 
 

@@ -1,4 +1,4 @@
-"""The lease book: receipts, per-token counts, visibility timers, one verdict per lease."""
+"""The lease book: receipts, per-token counts, visibility timers, one end per lease."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ async def test_a_lease_is_found_by_its_receipt_until_decided() -> None:
     assert leases.held("worker") == 1
     with pytest.raises(ReceiptError):
         leases.find(parse(lease.receipt), "emails")
-    assert lease.decide(Acked())
-    assert not lease.decide(Released())  # one verdict only
+    assert lease.end(Acked())
+    assert not lease.end(Released())  # one end only
     with pytest.raises(LeaseGone):
         leases.find(parse(lease.receipt), "orders")
     leases.close(lease)
@@ -37,7 +37,7 @@ async def test_the_visibility_timer_lapses_a_lease_and_extending_moves_it() -> N
     loop = asyncio.get_running_loop()
     extended_at = loop.time()
     lease.hide_for(0.3)  # extended before it lapsed
-    assert isinstance(await asyncio.wait_for(lease.verdict, 10), Lapsed)
+    assert isinstance(await asyncio.wait_for(lease.ended, 10), Lapsed)
     # At the extended end, not the first: timed after the fact, which a loaded machine can
     # only make later, never sooner.
     assert loop.time() - extended_at >= 0.3 - 0.01
@@ -46,9 +46,9 @@ async def test_the_visibility_timer_lapses_a_lease_and_extending_moves_it() -> N
 async def test_deciding_stops_the_timer() -> None:
     leases = book()
     lease = leases.open("orders", make_message({}, queue="orders"), 0.05, "worker")
-    assert lease.decide(Released(delay=1.0, reason="busy"))
+    assert lease.end(Released(delay=1.0, reason="busy"))
     await asyncio.sleep(0.1)
-    assert lease.verdict.result() == Released(delay=1.0, reason="busy")
+    assert lease.ended.result() == Released(delay=1.0, reason="busy")
 
 
 async def test_leases_count_per_token() -> None:
@@ -57,6 +57,6 @@ async def test_leases_count_per_token() -> None:
     assert (leases.held("a"), leases.held("b"), leases.held("c")) == (2, 1, 0)
     assert len({lease.receipt for lease in opened}) == 3
     for lease in opened:
-        lease.decide(Acked())
+        lease.end(Acked())
         leases.close(lease)
     assert (leases.held("a"), leases.held("b")) == (0, 0)

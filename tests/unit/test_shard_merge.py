@@ -1,5 +1,6 @@
-"""The merge over the heads of a sharded band's buffers (`consumers.merge`), as pure logic, and
-through the dispatcher: best head first, per-key order kept, one queue as before."""
+"""The merge over the heads of a sharded band's buffers (`bandgate.consumers.scheduling`), as
+pure logic, and through the dispatcher: best head first, per-key order kept, one queue as
+before."""
 
 from __future__ import annotations
 
@@ -14,11 +15,17 @@ from hypothesis import strategies as st
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from bandgate.consumers.delivery import Delivery, shard_merge
-from bandgate.consumers.dispatch import Dispatcher, StrictPolicy, WeightedPolicy
 from bandgate.consumers.incoming import Incoming
-from bandgate.consumers.merge import BandBuffer, Rank, ShardMerge
-from bandgate.consumers.subscription import Subscription
+from bandgate.consumers.scheduling import (
+    BandBuffer,
+    Dispatcher,
+    Rank,
+    ShardMerge,
+    StrictPolicy,
+    WeightedPolicy,
+    shard_merge,
+)
+from bandgate.consumers.subscription import Delivery, Subscription
 from bandgate.topology import wire
 from bandgate.topology.loader import parse_topology
 

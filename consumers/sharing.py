@@ -1,4 +1,4 @@
-"""Sharing the shards of an ordered band out among the workers.
+"""Shard sharing: the shards of an ordered band shared out among the workers.
 
 Each shard of an ordered band has a single active consumer, and RabbitMQ (3.x) makes the
 consumer that subscribed first the active one: every worker subscribes to every shard, so the
@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from bandgate.consumers.handback import HandBack
 from bandgate.consumers.lifetime import Lifetime
 from bandgate.consumers.subscription import Subscription
 
@@ -88,14 +87,16 @@ class ShardSharing:
         queue: str,
         workers: WorkersQueue,
         bands: Sequence[Sequence[Subscription]],
-        handback: HandBack,
+        hand_over: Callable[[Subscription], None],
         lifetime: Lifetime,
         interval: float,
     ) -> None:
+        """`hand_over(subscription)`: give the queue back to the broker, in order, and
+        subscribe again (`ConsumerRunner.hand_over`)."""
         self.queue = queue
         self.workers = workers
         self.bands = bands
-        self.handback = handback
+        self.hand_over = hand_over
         self.lifetime = lifetime
         self.interval = interval
         self._joined = False
@@ -125,7 +126,7 @@ class ShardSharing:
             if not workers or self.lifetime.stopping:
                 continue
             for subscriptions in self.bands:
-                held = [s for s in subscriptions if s.active and not s.releasing]
+                held = [s for s in subscriptions if s.active and not s.giving_back]
                 extra = surplus(len(held), len(subscriptions), workers)
                 if not extra:
                     continue
@@ -138,7 +139,7 @@ class ShardSharing:
                         workers,
                         subscription.queue,
                     )
-                    self.handback.hand_back(subscription)
+                    self.hand_over(subscription)
 
     async def leave(self) -> None:
         if self._joined:

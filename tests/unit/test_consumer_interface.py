@@ -1,0 +1,55 @@
+"""`bandgate.pull` drives the worker library through its public interface only: every name it
+imports from `bandgate.consumers` is one the package exports (`bandgate.consumers.__all__`,
+documented in its docstring), imported from the package itself, never from a module inside."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import bandgate.consumers
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = "bandgate.consumers"
+
+
+def imports_of_the_library(path: Path) -> list[str]:
+    """What `path` imports of the library, as `module:name` (a module alone for `import`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
+            found += [f"{node.module}:{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.startswith(PACKAGE)]
+    return found
+
+
+def outside_the_interface(imported: list[str]) -> list[str]:
+    public = {f"{PACKAGE}:{name}" for name in bandgate.consumers.__all__}
+    return [name for name in imported if name not in public]
+
+
+def test_pull_imports_only_the_public_interface() -> None:
+    imported = {
+        str(path.relative_to(ROOT)): imports_of_the_library(path)
+        for path in sorted((ROOT / "pull").glob("*.py"))
+    }
+    assert any(imported.values())
+    assert {path: outside_the_interface(names) for path, names in imported.items()} == {
+        path: [] for path in imported
+    }
+
+
+def test_the_check_catches_a_module_inside_and_a_name_not_exported(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from bandgate.consumers import ConsumerRunner, Delivery\n"
+        "from bandgate.consumers.runner import ConsumerRunner as Runner\n"
+        "from bandgate.consumers import Dispatcher\n"
+        "import bandgate.consumers.scheduling\n"
+    )
+    assert outside_the_interface(imports_of_the_library(module)) == [
+        "bandgate.consumers.runner:ConsumerRunner",
+        "bandgate.consumers:Dispatcher",
+        "bandgate.consumers.scheduling",
+    ]
