@@ -133,6 +133,9 @@ class RunnerHooks(Protocol):
 
 
 class ConsumerRunner:
+    """One consumer at work: its subscriptions, its scheduling and the pipeline every delivery
+    runs through (the module docstring draws the path, and lists the public interface)."""
+
     def __init__(
         self,
         consumer: Consumer,
@@ -436,8 +439,8 @@ class ConsumerRunner:
         if isinstance(outcome, GiveBack):
             await self.give_back(delivery, counted=True)
             return outcome
-        dedupe = self.consumer.options.dedupe and self.tombstones is not None
-        ledger = self.tombstones.follower if dedupe and self.tombstones is not None else None
+        tombstones = self.tombstones if self.consumer.options.dedupe else None
+        ledger = None if tombstones is None else tombstones.follower  # records an Ack first
         settled = await self.settler.settle(
             delivery.incoming, message, band, outcome, ledger=ledger
         )

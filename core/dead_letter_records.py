@@ -2,7 +2,7 @@
 
 Pure: reads a DLQ message's properties and headers (the consumer library's failure headers, or
 the broker's `x-death` when RabbitMQ dead-lettered it itself) and decides what a replay
-publishes, so both are tested without a broker. `gateway.dead_letters` runs them on the broker.
+publishes, so both are tested without a broker. `core.dead_letters` runs them on the broker.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Dead-letter tooling: count, list, replay and purge a logical queue's dead-letter queue.
 
-Listing and replay read the DLQ through `gateway.dlq_access`, which returns every message it
+Listing and replay read the DLQ through `core.dlq_access`, which returns every message it
 does not ack, in order (RabbitMQ has no peek); what a dead letter says and what its replay
-publishes is `gateway.dead_letter_records`.
+publishes is `core.dead_letter_records`.
 
 List, replay and purge of one DLQ take turns, across gateway processes and the CLI, through the
 broker-side lock of `dlq_access.dlq_lock`: a purge never runs while a listing holds messages, and

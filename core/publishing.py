@@ -76,7 +76,7 @@ class Publisher:
 
     The gateway is CPU-bound, so a publish does little besides the AMQP publish: body plus
     `wire.encode_properties`, with no aio_pika `Message` or `Exchange` object per message; the
-    pipeline writes a loop turn's publishes at once (`gateway.confirm_pipeline`). A batch
+    pipeline writes a loop turn's publishes at once (`core.confirm_pipeline`). A batch
     shares one deadline, one pipeline and one metrics update per band.
     """
 

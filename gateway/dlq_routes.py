@@ -1,7 +1,7 @@
 """Dead-letter operations over HTTP, for tokens with the `admin` scope:
 `GET /v1/queues/{queue}/dlq`, `POST /v1/queues/{queue}/dlq/replay`, `DELETE .../dlq`.
 
-Every input is bounded (`gateway.dead_letters` gives the ranges) and refused with 422 before
+Every input is bounded (`core.dead_letters` gives the ranges) and refused with 422 before
 anything touches the broker. List and replay run as a task that is cancelled when the client
 disconnects (a replay can run for hours at a low rate); cancelled, it gives back what it holds,
 in order. `finish_dead_letter_work` lets the lifespan wait for that before the connection goes.

@@ -1,6 +1,6 @@
 """`bandgate dlq list | replay | purge`: a queue's dead letters from the command line.
 
-`gateway.ops_cli` mounts `dlq_app` on the root CLI; the work is `gateway.dead_letters`, with
+`ops.ops_cli` mounts `dlq_app` on the root CLI; the work is `core.dead_letters`, with
 its bounds (checked here as option ranges) and its lock: while another list, replay or purge
 of the queue runs, a command waits up to 10 s, then fails with one line saying so.
 """

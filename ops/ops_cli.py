@@ -1,8 +1,8 @@
-"""Operator commands: `bandgate dlq list | replay | purge` (`gateway.dlq_cli`), `bandgate stats`,
+"""Operator commands: `bandgate dlq list | replay | purge` (`ops.dlq_cli`), `bandgate stats`,
 `bandgate doctor`.
 
 `register(root)` mounts them on the root CLI; `app` runs them alone (and in tests). What they
-share (settings, one-line failures, printing) is `gateway.ops_support`.
+share (settings, one-line failures, printing) is `ops.ops_support`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the operator commands (`gateway.dlq_cli`, `gateway.ops_cli`) share: settings from their
+"""What the operator commands (`ops.dlq_cli`, `ops.ops_cli`) share: settings from their
 options, running against the broker, and printing.
 
 Settings come from `BANDGATE_*` variables, overridden by --amqp-url, --management-url and
