@@ -21,7 +21,9 @@ COPY gateway /src/gateway
 COPY consumers /src/consumers
 COPY pull /src/pull
 COPY ops /src/ops
-RUN pip install /src && rm -rf /src
+# The `all` extra: the gateway and its console (Starlette, uvicorn) and the OTLP exporter, beside
+# what a worker needs.
+RUN pip install "/src[all]" && rm -rf /src
 
 # The shipped topology, and the example worker `bandgate worker examples.worker:app` imports from
 # the working directory.

@@ -23,6 +23,10 @@ from typing import Any
 import pamqp.frame
 from pamqp import commands, header
 
+from bandgate.core import compat
+
+compat.check_amqp()  # this module reads pamqp's internals
+
 _PAMQP_UNMARSHAL = pamqp.frame.unmarshal
 
 _FRAME = struct.Struct(">BHI")  # type, channel, size

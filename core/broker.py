@@ -14,7 +14,7 @@ import logging
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
-from bandgate.core import cluster_connection
+from bandgate.core import cluster_connection, compat
 from bandgate.core.publishing import BrokerUnavailable, ChannelSet, Publisher
 from bandgate.core.telemetry import Telemetry
 from bandgate.topology import naming
@@ -24,6 +24,8 @@ from bandgate.topology.loader import TopologyError
 from bandgate.topology.management import ManagementClient, vhost_of
 from bandgate.topology.model import Topology
 from bandgate.topology.settings import redact
+
+compat.check_amqp()  # is_blocked reads aiormq's connection internals
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,10 @@ from aiormq.abc import ChannelFrame
 from pamqp import frame as amqp_frame
 from pamqp.body import ContentBody
 
+from bandgate.core import compat
 from bandgate.core.amqp_header import content_header_frame
+
+compat.check_amqp()  # this module writes aiormq's confirm bookkeeping
 
 Confirmation = asyncio.Future[Any]
 ChannelFactory = Callable[[], Awaitable[AbstractChannel]]

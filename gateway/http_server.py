@@ -18,7 +18,10 @@ import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from bandgate.core import compat
 from bandgate.gateway.settings import GatewaySettings
+
+compat.check_uvicorn()
 
 MAX_HEADERS = 100
 LINGER_SECONDS = 1.0

@@ -217,12 +217,20 @@ class Image:
 
     def installed_from(self) -> PurePosixPath:
         """The directory `pip install` builds the package from."""
-        [(run, path)] = [
-            (run, found[1])
-            for run in self.runs
-            if (found := re.search(r"\bpip install (\S+)", run.command))
-        ]
+        run, path, _ = self._install()
         return run.workdir / path
+
+    def extras(self) -> set[str]:
+        """The extras `pip install` installs the package with."""
+        return set(filter(None, self._install()[2].split(",")))
+
+    def _install(self) -> tuple[Run, str, str]:
+        [(run, path, extras)] = [
+            (run, found[1], found[2] or "")
+            for run in self.runs
+            if (found := re.search(r"\bpip install \"?([^\s\"\[]+)(?:\[([\w,]+)\])?", run.command))
+        ]
+        return run, path, extras
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
@@ -403,6 +411,13 @@ def test_the_package_sources_hold_what_pyproject_names(image: Image, laid_out: P
         for pattern in patterns:
             assert list(directory.glob(pattern)), f"{package}: nothing matches {pattern}"
     assert "console_assets/*.html" in package_data["bandgate.gateway"]
+
+
+def test_the_image_installs_the_gateway_and_the_otlp_exporter(image: Image) -> None:
+    """The image's command is the gateway; compose sends its traces to a collector."""
+    extras = pyproject()["project"]["optional-dependencies"]
+    assert image.extras() == {"all"}
+    assert extras["all"] == ["bandgate[gateway,otlp]"]
 
 
 def test_the_sources_are_built_outside_the_working_directory_and_removed(
