@@ -19,7 +19,7 @@ from typing import Any, Required, TypedDict
 
 from aio_pika.abc import AbstractRobustConnection
 
-from bandgate.core import cluster_connection
+from bandgate.core import cluster_connection, error_codes
 from bandgate.core.broker import RECONNECT_INTERVAL_SECONDS, is_blocked
 from bandgate.core.confirm_pipeline import ChannelSet, confirm_channel_factory
 from bandgate.core.publish_outcomes import (
@@ -262,16 +262,20 @@ class Producer:
             )
         except MessageInputError as exc:
             field = _PYTHON_FIELDS.get(exc.field, exc.field)
-            raise InvalidMessage(str(exc), field, exc.code) from None
+            raise InvalidMessage(str(exc), field, error_codes.for_rule(exc.rule)) from None
 
     def _batch_envelope(self, spec: QueueSpec, message: object) -> Envelope:
         if not isinstance(message, Mapping):
-            raise InvalidMessage("a batch message must be a mapping", None, "invalid_body")
+            raise InvalidMessage(
+                "a batch message must be a mapping", None, error_codes.INVALID_BODY
+            )
         unknown = sorted(str(key) for key in message if key not in _BATCH_KEYS)
         if unknown:
-            raise InvalidMessage(f"{unknown[0]} is not a known field", unknown[0], "unknown_field")
+            raise InvalidMessage(
+                f"{unknown[0]} is not a known field", unknown[0], error_codes.UNKNOWN_FIELD
+            )
         if "payload" not in message:
-            raise InvalidMessage("payload is required", "payload", "missing_field")
+            raise InvalidMessage("payload is required", "payload", error_codes.MISSING_FIELD)
         return self._envelope(spec, message["payload"], message)
 
     def _begin(self) -> None:

@@ -3,8 +3,9 @@ which failure each answer of the broker (or its absence) is.
 
 Every failure is either `NotEnqueued` (certainly in no queue: retrying cannot duplicate it) or
 `OutcomeUnknown` (sent, its confirm did not come: retry with the same message_id). `code` is
-the error code the HTTP API answers with, so the gateway, Python producers and the README's
-"When a publish fails" table name a failure alike.
+the error code the HTTP API answers with, taken from the registry (`core.error_codes`), so the
+gateway, Python producers and the README's "When a publish fails" table name a failure alike;
+a class whose code the registry files under the other kind fails at import.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from datetime import datetime
 
 import aiormq
 
+from bandgate.core import error_codes
 from bandgate.core.confirm_pipeline import Confirmation, NotSent
+from bandgate.core.error_codes import ErrorCode, Kind
 
 log = logging.getLogger(__name__)
 
@@ -34,28 +37,43 @@ class PublishFailure(Exception):
     """The broker did not confirm a message. `NotEnqueued` and `OutcomeUnknown` say whether
     it may still be in a queue."""
 
-    code = "broker_unavailable"
+    error: ErrorCode = error_codes.BROKER_UNAVAILABLE
+    code = error.code
+    # What the registry may say of the codes of a subclass: `NotEnqueued` and its refusals
+    # (client errors) are in no queue; `OutcomeUnknown` may be.
+    _kinds: frozenset[Kind] = frozenset(Kind)
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        cls.code = cls.error.code
+        if cls.error.kind not in cls._kinds:
+            raise TypeError(f"{cls.__name__}: code {cls.code!r} is {cls.error.kind}")
 
 
 class NotEnqueued(PublishFailure):
     """The message is certainly not in any queue: it was never sent, or the broker refused it.
     Retrying cannot duplicate it."""
 
+    _kinds = frozenset({Kind.NOT_ENQUEUED, Kind.CLIENT_ERROR})
+
 
 class OutcomeUnknown(PublishFailure):
     """The message was sent and its confirm did not come: it may be enqueued. Retry with the
     same message_id (consumers may then see it twice)."""
 
+    _kinds = frozenset({Kind.OUTCOME_UNKNOWN})
+    error = error_codes.CONFIRM_LOST
+
 
 class BrokerUnavailable(NotEnqueued):
-    code = "broker_unavailable"
+    error = error_codes.BROKER_UNAVAILABLE
 
 
 class BrokerBlocked(BrokerUnavailable):
     """The broker blocks publishing (a memory or disk alarm): refused at once rather than
     waiting out the confirm timeout."""
 
-    code = "broker_blocked"
+    error = error_codes.BROKER_BLOCKED
 
     def __init__(self) -> None:
         super().__init__("the broker blocks publishing (a memory or disk alarm); retry later")
@@ -64,54 +82,62 @@ class BrokerBlocked(BrokerUnavailable):
 class BrokerRejected(NotEnqueued):
     """The broker nacked the message: a band at its max-length (reject-publish)."""
 
-    code = "queue_full"
+    error = error_codes.QUEUE_FULL
 
 
 class Unroutable(NotEnqueued):
     """The broker returned the message: no binding matched, the topology is not applied."""
 
-    code = "unroutable"
+    error = error_codes.UNROUTABLE
 
 
 class InvalidMessage(NotEnqueued):
     """The message cannot be published as it is; nothing was sent. `field` names the part,
-    `code` the rule (`invalid_field` unless a more precise code applies)."""
+    `code` the rule (`invalid_field` unless a more precise code applies): a client error of
+    the registry, given as an `ErrorCode` (or, as before, by its name)."""
 
-    code = "invalid_field"
+    error = error_codes.INVALID_FIELD
+    _kinds = frozenset({Kind.CLIENT_ERROR})
 
-    def __init__(self, message: str, field: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, field: str | None = None, code: ErrorCode | str | None = None
+    ) -> None:
         super().__init__(message)
         self.field = field
         if code is not None:
-            self.code = code
+            error = code if isinstance(code, ErrorCode) else error_codes.lookup(code)
+            if error.kind not in self._kinds:
+                raise ValueError(f"{error.code!r} is not a client error")
+            self.error = error
+            self.code = error.code
 
 
 class UnknownQueue(InvalidMessage):
     """The topology has no queue of that name."""
 
-    code = "unknown_queue"
+    error = error_codes.UNKNOWN_QUEUE
 
 
 class MessageTooLarge(InvalidMessage):
     """Its headers and properties exceed the connection's frame size."""
 
-    code = "message_too_large"
+    error = error_codes.MESSAGE_TOO_LARGE
 
 
 class ConfirmTimeout(OutcomeUnknown):
-    code = "confirm_timeout"
+    error = error_codes.CONFIRM_TIMEOUT
 
 
 class TopologyMissing(OutcomeUnknown):
     """The broker closed the channel because an exchange is missing."""
 
-    code = "topology_missing"
+    error = error_codes.TOPOLOGY_MISSING
 
 
 class ConfirmLost(OutcomeUnknown):
     """The channel or connection closed after the message was sent, before its confirm."""
 
-    code = "confirm_lost"
+    error = error_codes.CONFIRM_LOST
 
 
 def failure_of(

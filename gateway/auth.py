@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from bandgate.core import error_codes
 from bandgate.gateway.errors import ApiError, count_rejected, error_response
 
 Action = Literal["publish", "read", "consume"]
@@ -133,16 +134,16 @@ class Authenticator:
             return ANONYMOUS
         failures = self._failures.get(client)
         if failures is not None and (wait := failures.wait()) > 0:
-            raise ApiError(
-                429, "too_many_auth_failures",
+            raise ApiError.of(
+                error_codes.TOO_MANY_AUTH_FAILURES,
                 f"over {self._failures_per_minute} failed authentications a minute from this "
                 "address",
                 headers={"Retry-After": str(max(1, math.ceil(wait)))},
             )  # fmt: skip
         if not authorization:
             self._failed(client)
-            raise ApiError(
-                401, "unauthorized", "send Authorization: Bearer <token>",
+            raise ApiError.of(
+                error_codes.UNAUTHORIZED, "send Authorization: Bearer <token>",
                 headers={"WWW-Authenticate": "Bearer"},
             )  # fmt: skip
         scheme, _, token = authorization.partition(" ")
@@ -151,8 +152,8 @@ class Authenticator:
         )
         if principal is None:
             self._failed(client)
-            raise ApiError(
-                401, "invalid_token", "the bearer token is not valid",
+            raise ApiError.of(
+                error_codes.INVALID_TOKEN, "the bearer token is not valid",
                 headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
             )  # fmt: skip
         return principal
@@ -181,8 +182,8 @@ class Authenticator:
             bucket = self._buckets[principal.name] = TokenBucket(rate, max(self._burst, 1))
         wait = bucket.take(cost)
         if wait > 0:
-            raise ApiError(
-                429, "rate_limited", f"over {rate:g} messages/s for token {principal.name!r}",
+            raise ApiError.of(
+                error_codes.RATE_LIMITED, f"over {rate:g} messages/s for token {principal.name!r}",
                 headers={"Retry-After": str(max(1, math.ceil(wait)))},
             )  # fmt: skip
 
@@ -227,4 +228,4 @@ def authorize(request: Request, action: Action | Literal["admin"], queue: str = 
     allowed = "admin" in principal.scopes if action == "admin" else principal.may(action, queue)
     if not allowed:
         needed = "admin" if action == "admin" else f"{action}:{queue}"
-        raise ApiError(403, "forbidden", f"token {principal.name!r} lacks scope {needed!r}")
+        raise ApiError.of(error_codes.FORBIDDEN, f"token {principal.name!r} lacks scope {needed!r}")

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
+from bandgate.core import error_codes
 from bandgate.core.broker import BrokerLink
 from bandgate.core.dead_letters import MAX_REASON, MAX_REPLAY, ReplayProgress, ReplayResult, replay
 from bandgate.core.dlq_access import DeadLetterError
@@ -62,7 +63,7 @@ async def page(request: Request) -> Response:
 async def asset(request: Request) -> Response:
     name = request.path_params["name"]
     if name not in ASSETS:
-        raise ApiError(404, "not_found", f"no console file {name[:64]!r}")
+        raise ApiError.of(error_codes.NOT_FOUND, f"no console file {name[:64]!r}")
     return Response(_asset(name), media_type=ASSETS[name], headers=SECURITY_HEADERS)
 
 
@@ -73,7 +74,7 @@ async def overview(request: Request) -> Response:
     topology = topology_of(request)
     readable = [name for name in topology.queues if principal.may("read", name)]
     if not readable:
-        raise ApiError(403, "forbidden", f"token {principal.name!r} may read no queue")
+        raise ApiError.of(error_codes.FORBIDDEN, f"token {principal.name!r} may read no queue")
     link: BrokerLink = request.app.state.link
     sampler = sampler_of(request.app.state)
     await sampler.refresh(link)

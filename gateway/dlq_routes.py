@@ -23,6 +23,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive
 
+from bandgate.core import error_codes
 from bandgate.core.broker import BrokerLink
 from bandgate.core.dead_letters import (
     MAX_LIST,
@@ -61,15 +62,17 @@ async def dead_letter_broker(request: Request) -> AsyncIterator[AbstractRobustCo
     """The gateway's connection, with dead-letter failures mapped to API errors."""
     link: BrokerLink = request.app.state.link
     if link.connection is None or not link.connected:
-        raise ApiError(503, "broker_unavailable", link.problem or "not connected to the broker")
+        raise ApiError.of(
+            error_codes.BROKER_UNAVAILABLE, link.problem or "not connected to the broker"
+        )
     try:
         yield link.connection
     except DeadLetterBusy as exc:
-        raise ApiError(409, "dlq_busy", str(exc)) from None
+        raise ApiError.of(error_codes.DLQ_BUSY, str(exc)) from None
     except DeadLetterQueueMissing as exc:
-        raise ApiError(503, "topology_missing", str(exc)) from None
+        raise ApiError.of(error_codes.TOPOLOGY_MISSING, str(exc)) from None
     except DeadLetterBrokerError as exc:
-        raise ApiError(503, "broker_unavailable", str(exc)) from None
+        raise ApiError.of(error_codes.BROKER_UNAVAILABLE, str(exc)) from None
 
 
 def _query(request: Request, allowed: tuple[str, ...]) -> dict[str, str]:
@@ -77,9 +80,11 @@ def _query(request: Request, allowed: tuple[str, ...]) -> dict[str, str]:
     params = request.query_params
     for name in params:
         if name not in allowed:
-            raise ApiError(422, "unknown_field", f"{name[:64]} is not a known field", name[:64])
+            raise ApiError.of(
+                error_codes.UNKNOWN_FIELD, f"{name[:64]} is not a known field", name[:64]
+            )
         if len(params.getlist(name)) > 1:
-            raise ApiError(422, "invalid_field", f"{name}: give it once", name)
+            raise ApiError.of(error_codes.INVALID_FIELD, f"{name}: give it once", name)
     return dict(params)
 
 
@@ -87,11 +92,13 @@ def _list_options(request: Request) -> tuple[int, str | None]:
     query = _query(request, ("limit", "reason"))
     raw = query.get("limit", str(DEFAULT_LIST))
     if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= MAX_LIST:
-        raise ApiError(422, "invalid_field", f"limit must be an integer 1-{MAX_LIST}", "limit")
+        raise ApiError.of(
+            error_codes.INVALID_FIELD, f"limit must be an integer 1-{MAX_LIST}", "limit"
+        )
     reason = query.get("reason")
     if reason is not None and len(reason) > MAX_REASON:
-        raise ApiError(
-            422, "invalid_field", f"reason must be at most {MAX_REASON} characters", "reason"
+        raise ApiError.of(
+            error_codes.INVALID_FIELD, f"reason must be at most {MAX_REASON} characters", "reason"
         )
     return int(raw), reason or None
 
@@ -193,7 +200,9 @@ async def _disconnected(receive: Receive) -> None:
 def _gone() -> Response:
     # Nobody reads it; the access log shows nginx's "client closed request".
     return error_response(
-        ApiError(499, "client_disconnected", "the client disconnected; the operation stopped")
+        ApiError.of(
+            error_codes.CLIENT_DISCONNECTED, "the client disconnected; the operation stopped"
+        )
     )
 
 

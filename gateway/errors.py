@@ -1,5 +1,6 @@
 """Errors the HTTP API answers with, in the one documented shape:
-`{"error": {"code": ..., "message": ..., "field": ...}}`."""
+`{"error": {"code": ..., "message": ..., "field": ...}}`. Every code is one of the registry
+(`core.error_codes`): `ApiError.of` takes its status from there."""
 
 from __future__ import annotations
 
@@ -10,9 +11,15 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from bandgate.core import error_codes
+from bandgate.core.error_codes import ErrorCode
+
 
 class ApiError(Exception):
-    """An error with its HTTP status and stable machine-readable code."""
+    """An error with its HTTP status and stable machine-readable code. Raise `ApiError.of` a
+    registered code; the constructor takes the status explicitly (for a status the code has
+    not of its own, or one forwarded from another process), and refuses a code the registry
+    lacks."""
 
     def __init__(
         self,
@@ -23,14 +30,32 @@ class ApiError(Exception):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.error = error_codes.lookup(code)
         self.status = status
         self.code = code
         self.message = message
         self.field = field
         self.headers = headers
 
+    @classmethod
+    def of(
+        cls,
+        error: ErrorCode,
+        message: str,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> ApiError:
+        """`error` with its registered status."""
+        assert error.status is not None, f"{error.code} has no status of its own"
+        return cls(error.status, error.code, message, field, headers)
+
     def body(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message, "field": self.field}
+        return error_body(self.error, self.message, self.field)
+
+
+def error_body(error: ErrorCode, message: str, field: str | None = None) -> dict[str, Any]:
+    """The `error` member of an error response."""
+    return {"code": error.code, "message": message, "field": field}
 
 
 def error_response(error: ApiError, request_id: str | None = None) -> Response:
@@ -63,15 +88,16 @@ def count_rejected(request: Request, code: str, amount: int = 1) -> None:
 
 
 _HTTP_CODES = {
-    404: "not_found",
-    405: "method_not_allowed",
+    404: error_codes.NOT_FOUND,
+    405: error_codes.METHOD_NOT_ALLOWED,
 }
 
 
 async def http_error_handler(request: Request, exc: Exception) -> Response:
-    """Starlette's own 404/405 in our error shape."""
+    """Starlette's own 404/405 in our error shape; any other status of Starlette's as
+    `http_error`."""
     assert isinstance(exc, HTTPException)
-    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    error = _HTTP_CODES.get(exc.status_code, error_codes.HTTP_ERROR)
     headers = dict(exc.headers) if exc.headers else None
-    count_rejected(request, code)
-    return error_response(ApiError(exc.status_code, code, str(exc.detail), headers=headers))
+    count_rejected(request, error.code)
+    return error_response(ApiError(exc.status_code, error.code, str(exc.detail), headers=headers))

@@ -18,7 +18,9 @@ import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from bandgate.core import compat
+from bandgate.core import compat, error_codes
+from bandgate.core.error_codes import ErrorCode
+from bandgate.gateway.errors import error_body
 from bandgate.gateway.settings import GatewaySettings
 
 compat.check_uvicorn()
@@ -60,7 +62,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             # read, whatever the client sends.
             self._head_read += len(data)
             if self._head_read > self._max_head_bytes:
-                self._refuse(431, "headers_too_large", self._too_large())
+                self._refuse(error_codes.HEADERS_TOO_LARGE, self._too_large())
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -86,10 +88,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._refused:
             return
         if self._header_count > MAX_HEADERS:
-            self._refuse(431, "headers_too_large", f"a request may have {MAX_HEADERS} headers")
+            self._refuse(error_codes.HEADERS_TOO_LARGE, f"a request may have {MAX_HEADERS} headers")
             return
         if self._head_size + len(self.url) > self._max_head_bytes:
-            self._refuse(431, "headers_too_large", self._too_large())
+            self._refuse(error_codes.HEADERS_TOO_LARGE, self._too_large())
             return
         super().on_headers_complete()
 
@@ -117,18 +119,20 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_timer = None
         if self._in_head and not self._refused and not self.transport.is_closing():
             self._refuse(
-                408, "request_timeout", f"the request head took over {self.timeout_keep_alive} s"
+                error_codes.REQUEST_TIMEOUT,
+                f"the request head took over {self.timeout_keep_alive} s",
             )
 
-    def _refuse(self, status: int, code: str, message: str) -> None:
+    def _refuse(self, error: ErrorCode, message: str) -> None:
         """Answer in the API's error shape and close. Closing at once, with the client still
         sending, would reset the connection and could destroy the answer before the client
         read it; so the gateway half-closes, drops what still comes for `LINGER_SECONDS`
         (parsing none of it), then closes."""
         self._refused = True
         self._disarm_head_timer()
-        body = orjson.dumps({"error": {"code": code, "message": message, "field": None}})
-        head = b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status])
+        assert error.status is not None
+        body = orjson.dumps({"error": error_body(error, message)})
+        head = b"HTTP/1.1 %d %s\r\n" % (error.status, _REASONS[error.status])
         head += b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
         head += b"connection: close\r\n\r\n"
         self.transport.write(head + body)

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from bandgate.core import ledger
+from bandgate.core import error_codes, ledger
 from bandgate.core.publishing import PublishFailure
 from bandgate.gateway.auth import authorize
 from bandgate.gateway.errors import ApiError
@@ -91,7 +91,7 @@ async def escalate(request: Request) -> Response:
     data = await json_body(request)
     if isinstance(data, dict):
         if "payload" not in data:
-            raise ApiError(422, "message_required", MESSAGE_REQUIRED, "payload")
+            raise ApiError.of(error_codes.MESSAGE_REQUIRED, MESSAGE_REQUIRED, "payload")
         data = _hotter(data, spec)
     return await _publish_generation(request, spec, message_id, data)
 
@@ -102,18 +102,18 @@ def _hotter(data: dict[str, Any], spec: QueueSpec) -> dict[str, Any]:
     band_name = body.pop("band", None)
     priority = body.get("priority")
     if priority is None and band_name is None:
-        raise ApiError(422, "missing_field", "give priority or band", "priority")
+        raise ApiError.of(error_codes.MISSING_FIELD, "give priority or band", "priority")
     if priority is not None and band_name is not None:
-        raise ApiError(422, "conflicting_fields", "give priority or band, not both", "band")
+        raise ApiError.of(error_codes.CONFLICTING_FIELDS, "give priority or band, not both", "band")
     if band_name is not None:
         names = ", ".join(band.name for band in spec.bands)
         if not isinstance(band_name, str):
-            raise ApiError(422, "invalid_field", f"band must be one of {names}", "band")
+            raise ApiError.of(error_codes.INVALID_FIELD, f"band must be one of {names}", "band")
         try:
             body["priority"] = spec.band(band_name).high
         except KeyError:
-            raise ApiError(
-                422, "invalid_field", f"queue {spec.name!r} has no band {band_name[:64]!r}; "
+            raise ApiError.of(
+                error_codes.INVALID_FIELD, f"queue {spec.name!r} has no band {band_name[:64]!r}; "
                 f"its bands: {names}", "band",
             ) from None  # fmt: skip
     return body
@@ -125,8 +125,10 @@ async def _publish_generation(
     """Publish the body as a new generation of `message_id`, confirmed, then write the
     tombstone that kills the older copies (replace and escalate alike)."""
     if isinstance(data, dict) and data.get("message_id") not in (None, message_id):
-        raise ApiError(
-            422, "invalid_field", "message_id in the body differs from the path's", "message_id"
+        raise ApiError.of(
+            error_codes.INVALID_FIELD,
+            "message_id in the body differs from the path's",
+            "message_id",
         )
     body = data if not isinstance(data, dict) else {**data, "message_id": message_id}
     envelope = parse_publish(body, spec, topology_of(request))
@@ -141,9 +143,8 @@ async def _publish_generation(
     try:
         await link.publisher.record(ledger.replace(spec.name, message_id, generation).encode())
     except PublishFailure as failure:
-        raise ApiError(
-            503,
-            "tombstone_not_written",
+        raise ApiError.of(
+            error_codes.TOMBSTONE_NOT_WRITTEN,
             f"generation {generation} of message {message_id!r} was published, but the "
             f"tombstone for the older copies was not written ({failure}): they may still run. "
             f"Repeating the {request.method} is safe",

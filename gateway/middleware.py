@@ -9,6 +9,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from bandgate.core import error_codes
 from bandgate.gateway.errors import ApiError, error_response
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,8 @@ class ErrorBoundary:
             )
             if started:  # too late for an answer: the server closes the connection
                 raise
-            error = ApiError(
-                500,
-                "internal_error",
+            error = ApiError.of(
+                error_codes.INTERNAL_ERROR,
                 f"the gateway failed unexpectedly; quote request id {request_id}",
                 headers={"X-Request-Id": request_id},
             )
@@ -69,7 +69,9 @@ def _request_id(scope: Scope) -> str:
 
 
 def too_large(limit: int) -> ApiError:
-    return ApiError(413, "body_too_large", f"request body exceeds the limit of {limit} bytes")
+    return ApiError.of(
+        error_codes.BODY_TOO_LARGE, f"request body exceeds the limit of {limit} bytes"
+    )
 
 
 class BodyLimitMiddleware:

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from bandgate.core import error_codes as codes
 from bandgate.core.dead_letters import MAX_LIST, MAX_REASON
+from bandgate.core.error_codes import ErrorCode, Kind
 from bandgate.gateway._openapi_schemas import PRINTABLE, component_schemas, ref
 from bandgate.gateway.settings import GatewaySettings
 from bandgate.topology import naming
@@ -45,29 +47,62 @@ class ApiLimits:
 
 DEFAULT_LIMITS = ApiLimits()
 
-# Each status with the error codes it carries; every error body is an `ErrorResponse`.
-ERRORS: dict[int, str] = {
-    400: "malformed_json: the body is not JSON, holds an integer outside [-2^63, 2^64), "
-    "or nests too deeply",
-    401: "unauthorized (no bearer token) or invalid_token",
-    403: "forbidden: the token lacks the scope the operation needs",
-    404: "unknown_queue",
-    408: "request_timeout: the request head took longer than the keep-alive timeout",
-    409: "dlq_busy: another dead-letter operation on this queue held it for too long",
-    413: "body_too_large (over {max_body_bytes} bytes), batch_too_large, or message_too_large "
-    "(the message's headers and properties exceed the broker's frame size)",
-    415: "unsupported_media_type: send Content-Type: application/json",
-    422: "a field is invalid (invalid_field, missing_field, unknown_field, invalid_priority, "
-    "invalid_body, conflicting_fields); `field` names it",
-    429: "rate_limited (this token's message rate) or too_many_auth_failures (from this "
-    "address); or queue_full: the band is at its max-length. See Retry-After",
-    431: "headers_too_large: too many request headers, or too many bytes of them",
-    500: "internal_error: an unexpected failure; the error's request_id (also in X-Request-Id) "
-    "finds it in the gateway's log",
-    503: "the broker is unavailable, blocks publishing, or did not confirm in time "
-    "(broker_unavailable, broker_blocked, confirm_timeout, confirm_lost, topology_missing, "
-    "not_ready); the message says whether a message may be enqueued. Retry later",
+# Each status with the error codes the gateway's operations answer it with (every error body is
+# an `ErrorResponse`); each response's description and `x-error-codes` come from the registry.
+ERRORS: dict[int, tuple[ErrorCode, ...]] = {
+    400: (codes.MALFORMED_JSON,),
+    401: (codes.UNAUTHORIZED, codes.INVALID_TOKEN),
+    403: (codes.FORBIDDEN,),
+    404: (codes.UNKNOWN_QUEUE,),
+    408: (codes.REQUEST_TIMEOUT,),
+    409: (codes.DLQ_BUSY,),
+    413: (codes.BODY_TOO_LARGE, codes.BATCH_TOO_LARGE, codes.MESSAGE_TOO_LARGE),
+    415: (codes.UNSUPPORTED_MEDIA_TYPE,),
+    422: (
+        codes.INVALID_FIELD,
+        codes.MISSING_FIELD,
+        codes.UNKNOWN_FIELD,
+        codes.INVALID_PRIORITY,
+        codes.INVALID_BODY,
+        codes.CONFLICTING_FIELDS,
+    ),
+    429: (codes.RATE_LIMITED, codes.TOO_MANY_AUTH_FAILURES, codes.QUEUE_FULL),
+    431: (codes.HEADERS_TOO_LARGE,),
+    500: (codes.INTERNAL_ERROR,),
+    503: (
+        codes.BROKER_UNAVAILABLE,
+        codes.BROKER_BLOCKED,
+        codes.UNROUTABLE,
+        codes.NOT_READY,
+        codes.CONFIRM_TIMEOUT,
+        codes.CONFIRM_LOST,
+        codes.TOPOLOGY_MISSING,
+    ),
 }
+# What a status's description adds to its codes' meanings.
+_ERROR_NOTES: dict[int, str] = {
+    413: " The body limit: {max_body_bytes} bytes.",
+    422: " `field` names the field.",
+    429: " See Retry-After.",
+}
+
+
+def describe_errors(errors: tuple[ErrorCode, ...], note: str = "") -> dict[str, Any]:
+    """An error response's description and `x-error-codes`, from the registry: each code with
+    its meaning, and whether the message may be enqueued where a client cannot tell by the
+    status."""
+    said = [
+        f"{error.code}"
+        + ("" if error.kind is Kind.CLIENT_ERROR else f" ({error.kind})")
+        + f": {error.meaning}"
+        for error in errors
+    ]
+    return {
+        "description": "; ".join(said) + "." + note,
+        "x-error-codes": [error.code for error in errors],
+    }
+
+
 _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
 _ERROR_HEADERS: dict[int, dict[str, Any]] = {
     401: {"WWW-Authenticate": {"schema": {"type": "string"}}},
@@ -100,11 +135,6 @@ _MESSAGE_ID = {
         "pattern": PRINTABLE.replace("]", "/]", 1),  # printable, and no '/'
     },
 }
-# What the operations on one message by id answer besides the errors every operation has.
-_TOMBSTONE_NOT_WRITTEN = (
-    "; or tombstone_not_written: the new generation was published but the tombstone was not, "
-    "so older copies may still run; repeating the request is safe"
-)
 _GENERATION = (
     "Publishes the body as a new generation of the id (the path's id is used; a `message_id` "
     "in the body must equal it), confirmed, then writes a tombstone to the ledger that makes "
@@ -149,11 +179,11 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
         body: str | None = None,
         body_required: bool = True,
         about: str = "",
-        notes: dict[int, str] | None = None,
+        more: dict[int, tuple[ErrorCode, ...]] | None = None,
     ) -> dict[str, Any]:
         """A /v1/ operation on one queue (`scope` names the scope it needs), or on all of
         them (`scope` None: any valid token). `query` holds its parameters besides the queue;
-        `notes` adds to the description of an error status what this operation means by it."""
+        `more` holds the codes this operation answers besides every operation's."""
         needs = "any valid token" if scope is None else f"scope {scope}"
         if scope is not None and scope != "admin":
             needs += " (or the same action on *, or admin)"
@@ -168,7 +198,7 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
         if body is not None:
             operation["requestBody"] = {"required": body_required, **_content(ref(body))}
         statuses = (*errors, *_V1, *_ANY, *(_BODY if body is not None else ()))
-        operation["responses"] = ok | _errors(statuses, limits, notes or {})
+        operation["responses"] = ok | _errors(statuses, limits, more or {})
         return operation
 
     def public(
@@ -223,7 +253,7 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
                 query=(_MESSAGE_ID,),
                 body="PublishRequest",
                 about=_GENERATION,
-                notes={503: _TOMBSTONE_NOT_WRITTEN},
+                more={503: (codes.TOMBSTONE_NOT_WRITTEN,)},
             ),
         },
         "/v1/queues/{queue}/messages/{message_id}/escalate": {
@@ -238,10 +268,9 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
                 about="A replace at a hotter priority: bandgate cannot take a message out of "
                 "the middle of its band without draining it, so the body carries the message "
                 f"again, with `priority` or `band` (exactly one). {_GENERATION}",
-                notes={
-                    422: "; message_required: the body has no payload (the message must be "
-                    "sent again)",
-                    503: _TOMBSTONE_NOT_WRITTEN,
+                more={
+                    422: (codes.MESSAGE_REQUIRED,),
+                    503: (codes.TOMBSTONE_NOT_WRITTEN,),
                 },
             )
         },
@@ -348,13 +377,15 @@ def _ok(schema: str, description: str = "OK", status: int = 200) -> dict[str, An
     return {str(status): {"description": description, **_content(ref(schema))}}
 
 
-def _errors(statuses: tuple[int, ...], limits: ApiLimits, notes: dict[int, str]) -> dict[str, Any]:
-    return {
-        str(status): {
-            "description": ERRORS[status].format(max_body_bytes=limits.max_body_bytes)
-            + notes.get(status, ""),
+def _errors(
+    statuses: tuple[int, ...], limits: ApiLimits, more: dict[int, tuple[ErrorCode, ...]]
+) -> dict[str, Any]:
+    responses = {}
+    for status in sorted(set(statuses)):
+        note = _ERROR_NOTES.get(status, "").format(max_body_bytes=limits.max_body_bytes)
+        responses[str(status)] = {
+            **describe_errors(ERRORS[status] + more.get(status, ()), note),
             **({"headers": _ERROR_HEADERS[status]} if status in _ERROR_HEADERS else {}),
             **_content(ref("ErrorResponse")),
         }
-        for status in sorted(set(statuses))
-    }
+    return responses

@@ -12,12 +12,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from bandgate.core import error_codes
 from bandgate.core.broker import BrokerLink
 from bandgate.core.publish_outcomes import BrokerBlocked
 from bandgate.core.publishing import (
     BrokerRejected,
     InvalidMessage,
-    MessageTooLarge,
     Published,
     PublishFailure,
 )
@@ -56,22 +56,21 @@ def queue_spec(request: Request) -> QueueSpec:
     try:
         return topology_of(request).queue(request.path_params["queue"])
     except UnknownQueueError as exc:
-        raise ApiError(404, "unknown_queue", str(exc), "queue") from None
+        raise ApiError.of(error_codes.UNKNOWN_QUEUE, str(exc), "queue") from None
 
 
 async def json_body(request: Request) -> Any:
     content_type = request.headers.get("content-type", "")
     media_type = content_type.split(";", 1)[0].strip().lower()
     if media_type != "application/json":
-        raise ApiError(
-            415,
-            "unsupported_media_type",
+        raise ApiError.of(
+            error_codes.UNSUPPORTED_MEDIA_TYPE,
             f"send Content-Type: application/json (got {content_type or 'none'!r})",
         )
     try:
         return parse_json(await request.body())
     except MalformedJson as exc:
-        raise ApiError(400, "malformed_json", str(exc)) from None
+        raise ApiError.of(error_codes.MALFORMED_JSON, str(exc)) from None
 
 
 def published_body(result: Published) -> dict[str, Any]:
@@ -92,18 +91,19 @@ def failure_error(failure: PublishFailure, prefix: str = "") -> ApiError:
     saying whether the message may be enqueued (README, "When a publish fails")."""
     if isinstance(failure, InvalidMessage):
         field = f"{prefix}.{failure.field}" if prefix and failure.field else failure.field
-        status = 413 if isinstance(failure, MessageTooLarge) else 422
-        return ApiError(status, failure.code, str(failure), field or prefix or None)
+        return ApiError.of(failure.error, str(failure), field or prefix or None)
     if isinstance(failure, BrokerRejected):
-        return ApiError(429, failure.code, str(failure), headers={"Retry-After": "1"})
-    return ApiError(503, failure.code, str(failure))
+        return ApiError.of(failure.error, str(failure), headers={"Retry-After": "1"})
+    return ApiError.of(failure.error, str(failure))
 
 
 def ensure_connected(link: BrokerLink) -> None:
     if not link.connected:
-        raise ApiError(503, "broker_unavailable", link.problem or "not connected to the broker")
+        raise ApiError.of(
+            error_codes.BROKER_UNAVAILABLE, link.problem or "not connected to the broker"
+        )
     if link.blocked:
-        raise ApiError(503, BrokerBlocked.code, str(BrokerBlocked()), headers={"Retry-After": "5"})
+        raise ApiError.of(BrokerBlocked.error, str(BrokerBlocked()), headers={"Retry-After": "5"})
 
 
 async def publish(request: Request) -> Response:
@@ -125,17 +125,19 @@ async def publish_batch(request: Request) -> Response:
     spec = queue_spec(request)
     data = await json_body(request)
     if not isinstance(data, dict):
-        raise ApiError(422, "invalid_body", 'the body must be {"messages": [...]}')
+        raise ApiError.of(error_codes.INVALID_BODY, 'the body must be {"messages": [...]}')
     try:
         batch = BatchRequest.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc) from None
     limit = _settings(request).max_batch_messages
     if not batch.messages:
-        raise ApiError(422, "invalid_field", "messages must hold at least one message", "messages")
+        raise ApiError.of(
+            error_codes.INVALID_FIELD, "messages must hold at least one message", "messages"
+        )
     if len(batch.messages) > limit:
-        raise ApiError(
-            413, "batch_too_large", f"a batch holds at most {limit} messages", "messages"
+        raise ApiError.of(
+            error_codes.BATCH_TOO_LARGE, f"a batch holds at most {limit} messages", "messages"
         )
     charge(request, len(batch.messages) - 1)  # the request itself paid for one
     topology = topology_of(request)
@@ -177,11 +179,13 @@ async def list_queues(request: Request) -> Response:
 async def queue_stats(link: BrokerLink, topology: Topology, spec: QueueSpec) -> QueueStats:
     """`collect_queue_stats` over the gateway's broker link, failures as API errors (503)."""
     if link.connection is None or not link.connected:
-        raise ApiError(503, "broker_unavailable", link.problem or "not connected to the broker")
+        raise ApiError.of(
+            error_codes.BROKER_UNAVAILABLE, link.problem or "not connected to the broker"
+        )
     try:
         return await collect_queue_stats(link.connection, topology, spec, link.management)
     except StatsError as exc:
-        raise ApiError(503, exc.code, str(exc)) from None
+        raise ApiError.of(error_codes.lookup(exc.code), str(exc)) from None
 
 
 async def stats(request: Request) -> Response:
@@ -198,7 +202,7 @@ async def readyz(request: Request) -> Response:
     link = link_of(request)
     problem = await link.check_ready()
     if problem is not None:
-        raise ApiError(503, "not_ready", problem)
+        raise ApiError.of(error_codes.NOT_READY, problem)
     body: dict[str, Any] = {"status": "ready", "broker_version": link.version}
     for extension in request.app.state.extensions:
         body.update(extension.readiness())

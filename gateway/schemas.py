@@ -23,6 +23,7 @@ from pydantic import (
     ValidationError,
 )
 
+from bandgate.core import error_codes
 from bandgate.gateway.errors import ApiError
 from bandgate.topology.model import QueueSpec, Topology
 from bandgate.topology.publish_input import (
@@ -127,18 +128,20 @@ def validation_error(exc: ValidationError, prefix: str = "") -> ApiError:
     if prefix:
         field = f"{prefix}.{field}" if field else prefix
     if first["type"] == "missing":
-        return ApiError(422, "missing_field", f"{field} is required", field)
+        return ApiError.of(error_codes.MISSING_FIELD, f"{field} is required", field)
     if first["type"] == "extra_forbidden":
-        return ApiError(422, "unknown_field", f"{field} is not a known field", field)
+        return ApiError.of(error_codes.UNKNOWN_FIELD, f"{field} is not a known field", field)
     message = str(first["msg"]).removeprefix("Value error, ")
-    code = "invalid_priority" if loc[:1] == ("priority",) else "invalid_field"
-    return ApiError(422, code, f"{field}: {message}", field)
+    error = error_codes.INVALID_PRIORITY if loc[:1] == ("priority",) else error_codes.INVALID_FIELD
+    return ApiError.of(error, f"{field}: {message}", field)
 
 
 def parse_publish(data: Any, spec: QueueSpec, topology: Topology, prefix: str = "") -> Envelope:
     """Validate one publish body into an Envelope, or raise the ApiError that explains why."""
     if not isinstance(data, dict):
-        raise ApiError(422, "invalid_body", "a message must be a JSON object", prefix or None)
+        raise ApiError.of(
+            error_codes.INVALID_BODY, "a message must be a JSON object", prefix or None
+        )
     try:
         request = PublishRequest.model_validate(data)
     except ValidationError as exc:
@@ -157,4 +160,4 @@ def parse_publish(data: Any, spec: QueueSpec, topology: Topology, prefix: str = 
         )
     except MessageInputError as exc:
         field = f"{prefix}.{exc.field}" if prefix else exc.field
-        raise ApiError(422, exc.code, str(exc), field) from None
+        raise ApiError.of(error_codes.for_rule(exc.rule), str(exc), field) from None

@@ -24,6 +24,9 @@ from pydantic import BaseModel, Field
 from pydantic.json_schema import models_json_schema
 
 from bandgate.consumers import MAX_REASON_CHARS, DeadLetterCause
+from bandgate.core import error_codes as codes
+from bandgate.core.error_codes import ErrorCode
+from bandgate.gateway.openapi import describe_errors
 from bandgate.gateway.schemas import ErrorBody
 from bandgate.pull.routes import (
     MAX_ACK_BATCH,
@@ -111,23 +114,24 @@ class ExtendResponse(BaseModel):
 _REQUESTS = (ReceiveRequest, AckBatchRequest, ReleaseRequest, ExtendRequest)
 _RESPONSES = (ReceiveResponse, AckBatchResponse, ReleaseResponse, ExtendResponse)
 
-# Each status with the codes the receivers answer; what is not here reads as the gateway's.
-_ERRORS: dict[int, str] = {
-    403: "forbidden: the token lacks scope consume:<queue>",
-    404: "unknown_queue",
-    410: "lease_expired: no lease holds this receipt any more (its visibility timeout lapsed "
-    "and the message is visible again, it was settled already, or the gateway process "
-    "restarted); or lease_lost: the gateway process that leased it is gone, and the broker "
-    "gave the message back to its queue",
-    413: "body_too_large: over the gateway's body limit (as for publishing)",
-    422: "a field is invalid (invalid_field, unknown_field, missing_field, invalid_body); "
-    "`field` names it",
-    429: "rate_limited (this token's rate: a request costs one, an ack batch one per "
-    "receipt) or too_many_auth_failures (from this address). See Retry-After",
-    503: "broker_unavailable: not connected to the broker; or holder_unresponsive: the "
-    "gateway process holding the lease did not answer in time. Retry later",
+# Each status with the codes the receivers answer it with, and what its description adds to the
+# codes' meanings (`gateway.openapi.describe_errors`); what is not here reads as the gateway's.
+Described = tuple[tuple[ErrorCode, ...], str]
+_ERRORS: dict[int, Described] = {
+    403: ((codes.FORBIDDEN,), " The scope needed: consume:<queue>."),
+    404: ((codes.UNKNOWN_QUEUE,), ""),
+    410: ((codes.LEASE_EXPIRED, codes.LEASE_LOST), ""),
+    413: ((codes.BODY_TOO_LARGE,), " The gateway's body limit, as for publishing."),
+    422: (
+        (codes.INVALID_FIELD, codes.UNKNOWN_FIELD, codes.MISSING_FIELD, codes.INVALID_BODY),
+        " `field` names the field.",
+    ),
+    429: (
+        (codes.RATE_LIMITED, codes.TOO_MANY_AUTH_FAILURES),
+        " A request costs one, an ack batch one per receipt. See Retry-After.",
+    ),
+    503: ((codes.BROKER_UNAVAILABLE, codes.HOLDER_UNRESPONSIVE), " Retry later."),
 }
-_RECEIPT_422 = "invalid_receipt: not a receipt this API issued, or not for this queue"
 
 
 def document(openapi: dict[str, Any], settings: PullSettings) -> None:
@@ -135,7 +139,8 @@ def document(openapi: dict[str, Any], settings: PullSettings) -> None:
     schemas = openapi["components"]["schemas"]
     schemas |= _schemas(_longest_delay(schemas))
     publish = openapi["paths"]["/v1/queues/{queue}/messages"]["post"]
-    invalid = f"{_RECEIPT_422}; or {_ERRORS[422]}"
+    fields, field_note = _ERRORS[422]
+    invalid: Described = ((codes.INVALID_RECEIPT, *fields), field_note)
     openapi["paths"] |= {
         "/v1/queues/{queue}/receive": {
             "post": _operation(
@@ -146,10 +151,11 @@ def document(openapi: dict[str, Any], settings: PullSettings) -> None:
                 _ok("ReceiveResponse", links=_links()),
                 body="ReceiveRequest",
                 errors={
-                    429: "rate_limited (this token's rate), too_many_auth_failures "
-                    "(from this address), or too_many_leases (this token holds its limit of "
-                    f"{settings.max_leases_per_token} leases in this gateway process: settle "
-                    "some first). See Retry-After",
+                    429: (
+                        (codes.RATE_LIMITED, codes.TOO_MANY_AUTH_FAILURES, codes.TOO_MANY_LEASES),
+                        f" A token may hold {settings.max_leases_per_token} leases in this "
+                        "gateway process: settle some first. See Retry-After.",
+                    ),
                 },
                 note=" Without a visibility_timeout a lease lasts "
                 f"{settings.default_visibility_seconds:g} s.",
@@ -161,7 +167,7 @@ def document(openapi: dict[str, Any], settings: PullSettings) -> None:
                 "ack",
                 "Ack a received message: it leaves its queue",
                 {"204": {"description": "acked: the broker holds it no more"}},
-                errors={410: _ERRORS[410], 422: _RECEIPT_422},
+                errors={410: _ERRORS[410], 422: ((codes.INVALID_RECEIPT,), "")},
                 receipt=True,
             )
         },
@@ -175,8 +181,11 @@ def document(openapi: dict[str, Any], settings: PullSettings) -> None:
                 ),
                 body="AckBatchRequest",
                 errors={
-                    413: f"body_too_large (as for publishing) or batch_too_large (over "
-                    f"{MAX_ACK_BATCH} receipts)",
+                    413: (
+                        (codes.BODY_TOO_LARGE, codes.BATCH_TOO_LARGE),
+                        f" The body limit is publishing's; a batch holds at most {MAX_ACK_BATCH} "
+                        "receipts.",
+                    ),
                 },
             )
         },
@@ -190,7 +199,7 @@ def document(openapi: dict[str, Any], settings: PullSettings) -> None:
                 body="ReleaseRequest",
                 errors={
                     410: _ERRORS[410],
-                    422: invalid.replace("invalid_body", "invalid_body, conflicting_fields"),
+                    422: ((*invalid[0], codes.CONFLICTING_FIELDS), invalid[1]),
                 },
             )
         },
@@ -263,7 +272,7 @@ def _operation(
     ok: dict[str, Any],
     *,
     body: str | None = None,
-    errors: dict[int, str] | None = None,
+    errors: dict[int, Described] | None = None,
     receipt: bool = False,
     note: str = "",
 ) -> dict[str, Any]:
@@ -300,7 +309,7 @@ def _operation(
             publish["responses"].get(str(status)) or _content(_ref("ErrorResponse"))
         )
         if status in described:
-            entry["description"] = described[status]
+            entry |= describe_errors(*described[status])
         responses[str(status)] = entry
     operation["responses"] = responses
     return operation

@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from bandgate.consumers import MAX_REASON_CHARS
+from bandgate.core import error_codes
 from bandgate.gateway.auth import authorize, charge
 from bandgate.gateway.errors import ApiError, count_rejected
 from bandgate.gateway.routes import json_body, queue_spec, topology_of
@@ -79,7 +80,7 @@ def _receivers(request: Request) -> Receivers:
 async def _body(request: Request, model: type[_Strict]) -> Any:
     data = await json_body(request)
     if not isinstance(data, dict):
-        raise ApiError(422, "invalid_body", "the body must be a JSON object")
+        raise ApiError.of(error_codes.INVALID_BODY, "the body must be a JSON object")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -150,8 +151,10 @@ async def ack_batch(request: Request) -> Response:
     _consumer(request)
     asked: AckBatchRequest = await _body(request, AckBatchRequest)
     if len(asked.receipts) > MAX_ACK_BATCH:
-        raise ApiError(
-            413, "batch_too_large", f"a batch holds at most {MAX_ACK_BATCH} receipts", "receipts"
+        raise ApiError.of(
+            error_codes.BATCH_TOO_LARGE,
+            f"a batch holds at most {MAX_ACK_BATCH} receipts",
+            "receipts",
         )
     charge(request, len(asked.receipts) - 1)
     receivers = _receivers(request)
@@ -175,16 +178,14 @@ async def release(request: Request) -> Response:
     asked: ReleaseRequest = await _body(request, ReleaseRequest)
     longest = topology_of(request).ladder.max_delay_ms / 1000
     if asked.delay_seconds is not None and asked.delay_seconds > longest:
-        raise ApiError(
-            422,
-            "invalid_field",
+        raise ApiError.of(
+            error_codes.INVALID_FIELD,
             f"delay_seconds: at most {longest:g} (the delay ladder's longest delay)",
             "delay_seconds",
         )
     if asked.dead_letter and asked.delay_seconds is not None:
-        raise ApiError(
-            422,
-            "conflicting_fields",
+        raise ApiError.of(
+            error_codes.CONFLICTING_FIELDS,
             "delay_seconds says when to retry; dead_letter says never: send one",
             "delay_seconds",
         )

@@ -1,8 +1,9 @@
 """What a published message may carry, decided once: the HTTP gateway (after its JSON schema has
 checked the types) and the Python producer both turn their input into an `Envelope` here.
 
-A refusal is a `MessageInputError` naming the field and the HTTP API's error code, so the
-gateway answers it as a 422 and the producer raises it as `InvalidMessage`.
+A refusal is a `MessageInputError` naming the field and the rule broken (`InputRule`); the
+floors above turn the rule into their error code (`core.error_codes.for_rule`), so the gateway
+answers it as a 422 and the producer raises it as `InvalidMessage`, alike.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from enum import Enum
 from typing import Any
 
 from bandgate.topology.model import QueueSpec, Topology
@@ -26,14 +28,22 @@ MAX_PARTITION_KEY = 256
 INT64 = 2**63
 
 
-class MessageInputError(ValueError):
-    """The input of a publish breaks a rule; nothing was sent. `field` names the input, `code`
-    is the HTTP API's error code for the rule."""
+class InputRule(Enum):
+    """Which kind of rule an input breaks."""
 
-    def __init__(self, message: str, field: str, code: str = "invalid_field") -> None:
+    INVALID = "invalid"  # a value out of its range or form
+    PRIORITY = "priority"  # not a priority 0-9 or a named alias
+    CONFLICT = "conflict"  # two inputs that exclude each other, both given
+
+
+class MessageInputError(ValueError):
+    """The input of a publish breaks a rule; nothing was sent. `field` names the input, `rule`
+    the kind of rule it breaks."""
+
+    def __init__(self, message: str, field: str, rule: InputRule = InputRule.INVALID) -> None:
         super().__init__(message)
         self.field = field
-        self.code = code
+        self.rule = rule
 
 
 def envelope_for(
@@ -59,7 +69,7 @@ def envelope_for(
     try:
         level = parse_priority(priority)
     except PriorityError as exc:
-        raise MessageInputError(str(exc), "priority", "invalid_priority") from None
+        raise MessageInputError(str(exc), "priority", InputRule.PRIORITY) from None
     enqueued_at = now()
     return Envelope(
         queue=spec.name,
@@ -101,7 +111,7 @@ def _due_time(
         return None  # the common case; the ladder's maximum costs a little to compute
     if delay is not None and deliver_at is not None:
         raise MessageInputError(
-            "give a delay or deliver_at, not both", "deliver_at", "conflicting_fields"
+            "give a delay or deliver_at, not both", "deliver_at", InputRule.CONFLICT
         )
     max_seconds = topology.ladder.max_delay_ms / 1000
     if delay is not None:
