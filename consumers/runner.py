@@ -9,8 +9,8 @@ module once, in this order, and this module is the thread between them, read top
 2. `bandgate.consumers.scheduling`: it waits in its band's buffer until the `Dispatcher` hands
    it a free slot (the band policy picks its band, its partition key is free and, in a sharded
    band, it is the best head among the shards' buffers); the run loop (`run`) starts it in a
-   task of its own. Its slot stays taken until it is settled: `process` gives it back to the
-   dispatcher (`Dispatcher.done`) as its last step;
+   task of its own. Its slot (and its subscription's count of running messages) stays taken
+   until it is settled: `process` frees them (`Dispatcher.done`) as its last step;
 3. `bandgate.consumers.message`: `process` reads it into the handler's `Message` (of a
    sharded band's delivery, scheduling read the priority and enqueue time before, to rank it);
 4. `bandgate.consumers.decision`: an `Attempt` checks the delivery limit and the tombstone
@@ -44,10 +44,12 @@ The public interface
 A `bandgate worker` process builds one runner per consumer, `open()`s it, `run()`s its loop and
 shuts it down with `stop_consuming()`, `abort()` and `close()`. A caller that decides itself
 when a message starts (HTTP receivers, `bandgate.pull`) drives it without the run loop: it
-`take()`s a message, `start()`s its pipeline, and hears what became of it through
-`RunnerHooks.settled`; it may `pause()` and `resume()` consuming, count its waiting takers for
-the headroom (`takers_waiting`), and give back a message it took but will not start
-(`untake`). Nothing else of a runner is meant for other packages.
+`take()`s a message (or `take_nowait()`), `start()`s its pipeline, and hears what became of
+it through `RunnerHooks.settled`; it may `pause()` and `resume()` consuming, count its waiting
+takers for the headroom (`takers_waiting`), give back a message it took but will not start
+(`untake`), and ask whether the runner is `stopping`. Nothing else of a runner is meant for
+other packages (`RUNNER_INTERFACE`; tests/unit/test_consumer_interface.py checks that
+`bandgate.pull` keeps to it).
 """
 
 from __future__ import annotations
@@ -98,6 +100,25 @@ from bandgate.topology.model import Band
 log = logging.getLogger(__name__)
 
 RESUBSCRIBE_MAX_SECONDS = 30.0  # the longest wait between tries to consume a lost queue again
+
+# What other packages may use of a runner (see "The public interface" above).
+RUNNER_INTERFACE = frozenset(
+    {
+        "open",
+        "run",
+        "take",
+        "take_nowait",
+        "start",
+        "untake",
+        "pause",
+        "resume",
+        "takers_waiting",
+        "stopping",
+        "stop_consuming",
+        "abort",
+        "close",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -663,4 +684,10 @@ class ConsumerRunner:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["RESUBSCRIBE_MAX_SECONDS", "ConsumerRunner", "RunnerHooks", "Timings"]
+__all__ = [
+    "RESUBSCRIBE_MAX_SECONDS",
+    "RUNNER_INTERFACE",
+    "ConsumerRunner",
+    "RunnerHooks",
+    "Timings",
+]

@@ -1,6 +1,7 @@
 """`bandgate.pull` drives the worker library through its public interface only: every name it
 imports from `bandgate.consumers` is one the package exports (`bandgate.consumers.__all__`,
-documented in its docstring), imported from the package itself, never from a module inside."""
+documented in its docstring), imported from the package itself, never from a module inside;
+and of a runner it uses only what `RUNNER_INTERFACE` names."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import ast
 from pathlib import Path
 
 import bandgate.consumers
+from bandgate.consumers import runner
+from bandgate.consumers.runner import RUNNER_INTERFACE, ConsumerRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "bandgate.consumers"
@@ -53,3 +56,28 @@ def test_the_check_catches_a_module_inside_and_a_name_not_exported(tmp_path: Pat
         "bandgate.consumers:Dispatcher",
         "bandgate.consumers.scheduling",
     ]
+
+
+def runner_attributes(path: Path) -> set[str]:
+    """What `path` uses of a runner: attributes of a name or attribute called `runner`."""
+    used = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute):
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", None)
+            if name == "runner":  # pull/receiver.py holds its runner as `self.runner`
+                used.add(node.attr)
+    return used
+
+
+def test_pull_uses_only_the_runner_interface() -> None:
+    used = set().union(*(runner_attributes(path) for path in (ROOT / "pull").glob("*.py")))
+    assert {"take", "start", "untake"} <= used
+    assert used - RUNNER_INTERFACE == set()
+
+
+def test_the_runner_interface_is_all_there_and_documented() -> None:
+    documented = runner.__doc__ or ""
+    for name in RUNNER_INTERFACE:
+        assert hasattr(ConsumerRunner, name), name
+        assert f"`{name}" in documented, name
