@@ -131,20 +131,18 @@ CLIENT_DISCONNECTED = _code(
     "the client went away and the operation stopped (for the access log: nobody reads it)",
 )
 # 429: slow down. Nothing happened.
-RATE_LIMITED = _code(
-    "rate_limited", 429, _NOT_ENQUEUED, "over the token's rate (in messages); see Retry-After"
-)
+RATE_LIMITED = _code("rate_limited", 429, _NOT_ENQUEUED, "over the token's rate (in messages)")
 QUEUE_FULL = _code(
     "queue_full",
     429,
     _NOT_ENQUEUED,
-    "the band is at its max-length: the broker nacked the message; see Retry-After",
+    "the band is at its max-length: the broker nacked the message",
 )
 TOO_MANY_AUTH_FAILURES = _code(
     "too_many_auth_failures",
     429,
     _NOT_ENQUEUED,
-    "too many failed authentications from this address; see Retry-After",
+    "too many failed authentications from this address",
 )
 TOO_MANY_LEASES = _code(
     "too_many_leases", 429, _NOT_ENQUEUED, "the token holds as many leases as it may"

@@ -88,19 +88,18 @@ _ERROR_NOTES: dict[int, str] = {
 
 
 def describe_errors(errors: tuple[ErrorCode, ...], note: str = "") -> dict[str, Any]:
-    """An error response's description and `x-error-codes`, from the registry: each code with
-    its meaning, and whether the message may be enqueued where a client cannot tell by the
-    status."""
-    said = [
-        f"{error.code}"
+    """An error response's description and `x-error-codes`, from the registry: a line per code
+    with its meaning, and whether the message may be enqueued where the status does not say,
+    then `note`."""
+    lines = [
+        f"- `{error.code}`"
         + ("" if error.kind is Kind.CLIENT_ERROR else f" ({error.kind})")
         + f": {error.meaning}"
         for error in errors
     ]
-    return {
-        "description": "; ".join(said) + "." + note,
-        "x-error-codes": [error.code for error in errors],
-    }
+    if note:
+        lines += ["", note.strip()]
+    return {"description": "\n".join(lines), "x-error-codes": [error.code for error in errors]}
 
 
 _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
