@@ -3,7 +3,7 @@
 Each shard of an ordered band has a single active consumer, and RabbitMQ (3.x) makes the
 consumer that subscribed first the active one: every worker subscribes to every shard, so the
 first worker to start would hold all of them and the others would only stand by. So every worker
-holds at most its share, `ceil(shards / workers)` per band, and hands the rest back:
+holds at most its share, `ceil(shards / workers)` per band, and hands the rest over:
 
 1. It knows which shards it holds: it was the queue's first consumer when it subscribed, or a
    message came. (An idle shard it was handed over may go unnoticed until its first message;
@@ -11,7 +11,7 @@ holds at most its share, `ceil(shards / workers)` per band, and hands the rest b
 2. It knows how many workers there are: each one consumes the queue's workers queue
    (`naming.workers_queue`), which never holds a message, so its consumer count is the number
    of workers.
-3. It hands a shard back the way a crash would, but in order: it stops starting the shard's
+3. It hands a shard over the way a crash would, but in order: it stops starting the shard's
    messages, waits for the running ones to be settled, and closes the shard's channel. The
    broker returns the unacked rest to the head of the shard, in delivery order, and makes the
    longest-waiting worker active, which gets them before anything newer. The worker subscribes
@@ -20,7 +20,7 @@ holds at most its share, `ceil(shards / workers)` per band, and hands the rest b
 Per-key order holds across the handover: all of a key's messages are in one shard, the old
 holder settled every one it started, and the new holder starts with the first one it did not.
 Each handover counts as a delivery of the returned messages (`x-delivery-count`), so handovers
-are kept rare: only a worker above its share gives shards back, checking every
+are kept rare: only a worker above its share hands shards over, checking every
 `share_shards_seconds`.
 """
 
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 def surplus(held: int, shards: int, workers: int) -> int:
-    """How many of a band's `shards` a worker holding `held` of them should hand back."""
+    """How many of a band's `shards` a worker holding `held` of them should hand over."""
     share = -(-shards // max(1, workers))
     return max(0, held - share)
 
@@ -91,7 +91,7 @@ class ShardSharing:
         lifetime: Lifetime,
         interval: float,
     ) -> None:
-        """`hand_over(subscription)`: give the queue back to the broker, in order, and
+        """`hand_over(subscription)`: hand the queue over to the broker, in order, and
         subscribe again (`ConsumerRunner.hand_over`)."""
         self.queue = queue
         self.workers = workers
@@ -130,10 +130,10 @@ class ShardSharing:
                 extra = surplus(len(held), len(subscriptions), workers)
                 if not extra:
                     continue
-                # The ones quickest to hand back: fewest running.
+                # The ones quickest to hand over: fewest running.
                 for subscription in sorted(held, key=lambda s: s.running)[:extra]:
                     log.info(
-                        "holding %d of %d shards with %d workers: handing %s back",
+                        "holding %d of %d shards with %d workers: handing %s over",
                         len(held),
                         len(subscriptions),
                         workers,

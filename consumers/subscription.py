@@ -2,7 +2,7 @@
 and the deliveries it brings.
 
 Each queue gets its own channel (the prefetch is per consumer, and a queue with a single active
-consumer is handed back by closing its channel, which must not touch the others).
+consumer is handed over by closing its channel, which must not touch the others).
 
 Giving a message back differs with the queue's consumers:
 - competing consumers (unordered queues): nack with requeue, at once; any worker may take it.
