@@ -39,7 +39,8 @@ def is_blocked(connection: AbstractRobustConnection | None) -> bool:
 
     aiormq tracks Connection.Blocked/Unblocked but keeps it private; a publish on a blocked
     connection waits for the whole confirm timeout, so publishers check first and refuse at
-    once. If aiormq renames the attribute this reads False and the publish times out instead.
+    once. `core.compat` holds aiormq to the releases that have the attribute, and
+    tests/unit/test_compat.py reads it on a real aiormq connection.
     """
     transport = connection.transport if connection else None
     if transport is None:

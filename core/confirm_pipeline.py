@@ -11,8 +11,8 @@ connection's writer as one payload.
 It keeps aiormq's own confirm bookkeeping (`confirmations`, `message_id_delivery_tag`), so
 aiormq still resolves each future: Basic.Ack, a nack (`DeliveryError`), a return
 (`PublishError`), or the channel's close reason. These are aiormq internals, stable since
-aiormq 6; pyproject pins the major version, and the publisher's integration tests cover
-every outcome.
+aiormq 6; `core.compat` holds aiormq to the releases this was tested with (pyproject pins the
+same), and the publisher's integration tests cover every outcome against the real library.
 """
 
 from __future__ import annotations

@@ -4,12 +4,18 @@ ranges."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import tomllib
+from types import SimpleNamespace
+from typing import cast
 
+import aiormq
 import pytest
+from aio_pika.abc import AbstractRobustConnection
 
 from bandgate.core import compat
+from bandgate.core.broker import is_blocked
 from bandgate.core.compat import IncompatibleLibrary, Supported
 from tests.unit.test_floors import ROOT
 
@@ -66,3 +72,18 @@ def test_the_guard_is_an_import_error() -> None:
     """Code that imports an optional part inside `try: ... except ImportError` treats a library
     out of range as a library missing, never as a crash of its own."""
     assert issubclass(IncompatibleLibrary, ImportError)
+
+
+async def test_a_blocked_connection_is_read_from_the_real_aiormq() -> None:
+    """`core.broker.is_blocked` reads aiormq's private unblocked event: it exists in the
+    installed release, and clearing it (as Connection.Blocked does) reads as blocked."""
+    connection = aiormq.Connection("amqp://guest:guest@127.0.0.1:1/")
+    unblocked = vars(connection)["_Connection__connection_unblocked"]
+    assert isinstance(unblocked, asyncio.Event)
+    robust = cast(
+        AbstractRobustConnection, SimpleNamespace(transport=SimpleNamespace(connection=connection))
+    )
+    unblocked.set()
+    assert not is_blocked(robust)
+    unblocked.clear()
+    assert is_blocked(robust)
