@@ -1,7 +1,8 @@
-"""`python -m bench [publish|delay|consume|acks|priority|memory|native|shards|pull|ledger|all]`:
-benchmarks against the raw aio-pika client and the alternatives, in one run on one broker,
-printed as tables and written as JSON under bench/results/. `all` takes about 25 minutes on two
-cores, and `ledger` (the tombstone ledger's costs) about 5 minutes more.
+"""`python -m bench [publish|delay|consume|acks|priority|memory|native|shards|pull|ledger|
+cluster|all]`: benchmarks against the raw aio-pika client and the alternatives, in one run on
+one broker, printed as tables and written as JSON under bench/results/. `all` takes about 25
+minutes on two cores, `ledger` (the tombstone ledger's costs) about 5 minutes more, and
+`cluster` (what a three-node cluster spends per message, on nodes of its own) about 5 more.
 
 A benchmark whose rows carry a `part` prints a table per part."""
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.acks import run_acks
+from bench.cluster import run_cluster
 from bench.consume import run_consume
 from bench.delay import run_delay
 from bench.environment import BenchBroker, bench_broker
@@ -42,6 +44,10 @@ BENCHMARKS: dict[str, Runner] = {
     "shards": lambda broker, args: run_shards(broker),
     "pull": lambda broker, args: run_pull(broker, args.messages, args.only),
     "ledger": lambda broker, args: run_ledger(broker),
+}
+# Benchmarks that start brokers of their own (a cluster), after the others.
+OWN_BROKERS: dict[str, Callable[[argparse.Namespace], list[dict[str, Any]]]] = {
+    "cluster": lambda args: run_cluster(args.rabbitmq),
 }
 
 
@@ -83,9 +89,16 @@ def _cell(value: Any, width: int) -> str:
     return f"{value!s:>{width}}"
 
 
+def _print(name: str, rows: list[dict[str, Any]]) -> None:
+    for title, part in tables(name, rows):
+        print(table(title, part), end="\n\n", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("which", choices=[*BENCHMARKS, "all"], nargs="?", default="all")
+    parser.add_argument(
+        "which", choices=[*BENCHMARKS, *OWN_BROKERS, "all"], nargs="?", default="all"
+    )
     # Raw publishing is timed over this many messages: 20,000 take about 2 s, against the
     # gateway's 5 s of wrk; 5,000 (0.5 s) let one broker stall swing a round's ratio. `pull`
     # drains backlogs of this many.
@@ -124,20 +137,25 @@ def main() -> None:
         "bandgate's 64 MiB",
     )
     args = parser.parse_args()
-    chosen = list(BENCHMARKS) if args.which == "all" else [args.which]
+    chosen = [*BENCHMARKS, *OWN_BROKERS] if args.which == "all" else [args.which]
     results: dict[str, list[dict[str, Any]]] = {}
-    with bench_broker(
-        args.rabbitmq, tuple(args.broker_conf), args.broker_advanced, args.default_wal
-    ) as broker:
-        for name in chosen:
-            results[name] = BENCHMARKS[name](broker, args)
-            for title, rows in tables(name, results[name]):
-                print(table(title, rows), end="\n\n", flush=True)
+    version = "unknown"
+    if any(name in BENCHMARKS for name in chosen):
+        with bench_broker(
+            args.rabbitmq, tuple(args.broker_conf), args.broker_advanced, args.default_wal
+        ) as broker:
+            version = broker.version
+            for name in (name for name in chosen if name in BENCHMARKS):
+                results[name] = BENCHMARKS[name](broker, args)
+                _print(name, results[name])
+    for name in (name for name in chosen if name in OWN_BROKERS):
+        results[name] = OWN_BROKERS[name](args)
+        _print(name, results[name])
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     meta = {
         "date": stamp,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-        "broker": f"RabbitMQ {broker.version}",
+        "broker": f"RabbitMQ {version}",
         "command": f"python -m bench {args.which}"
         + (f" --only {args.only}" if args.only else "")
         + (f" --rabbitmq {args.rabbitmq}" if args.rabbitmq else "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import subprocess
@@ -80,6 +81,24 @@ def cpu_seconds(pid: int | None) -> float:
         total += stats[current][1]
         todo += children.get(current, [])
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def written_bytes(pid: int) -> int:
+    """Bytes a process and its descendants caused to be written to storage so far
+    (`write_bytes` in /proc/<pid>/io: counted when a page is dirtied, so page-grained)."""
+    stats = _all_stats()
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in stats.items():
+        children.setdefault(parent, []).append(child)
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{current}/io").read_text().splitlines():
+                if line.startswith("write_bytes:"):
+                    total += int(line.split()[1])
+        todo += children.get(current, [])
+    return total
 
 
 def machine_busy_seconds() -> float:

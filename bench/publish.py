@@ -77,7 +77,10 @@ async def _paced(send: Sender, rate: float, seconds: float) -> list[float]:
     return latencies
 
 
-def _wrk(url: str, body: bytes, connections: int, seconds: int = 5) -> float:
+WRK_SECONDS = 5
+
+
+def _wrk(url: str, body: bytes, connections: int, seconds: int = WRK_SECONDS) -> float:
     """Requests per second wrk reaches posting `body` to `url`."""
     if shutil.which("wrk") is None:
         raise RuntimeError("wrk is not installed: apt-get install wrk (make bench does)")
@@ -238,17 +241,22 @@ async def _through_gateway(
                 "rate": single_rate,
                 "gateway_cpu_s": gw_cpu,
                 "broker_cpu_s": br_cpu,
+                "gateway_us_per_msg": gw_cpu / (single_rate * WRK_SECONDS) * 1e6,
                 **single_lat,
             }
         )
         await _purge(broker.amqp_url, queues)
         batch_url = f"http://127.0.0.1:{port}/v1/queues/orders/messages/batch"
+        g0 = cpu_seconds(gateway_pid)
         batch_rate = await asyncio.to_thread(_wrk, batch_url, batch_body, 4) * BATCH
+        batch_cpu = cpu_seconds(gateway_pid) - g0
         batch_lat = _percentiles(await _paced(batch_send, batch_rate / BATCH / 2, 3.0))
         rows.append(
             {
                 "name": f"gateway HTTP, batch of {BATCH}",
                 "rate": batch_rate,
+                "gateway_cpu_s": batch_cpu,
+                "gateway_us_per_msg": batch_cpu / (batch_rate * WRK_SECONDS) * 1e6,
                 **batch_lat,
             }
         )

@@ -119,6 +119,7 @@ class LocalBroker:
     quorum_wal_max_size_bytes: int | None = QUORUM_WAL_MAX_SIZE_BYTES
     settings: tuple[str, ...] = ()  # more rabbitmq.conf lines (the benchmarks' broker studies)
     advanced: str = ""  # an advanced.config term, for settings rabbitmq.conf has no key for
+    erl_args: str = ""  # more Erlang VM flags (the cluster benchmark turns off busy waiting)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -156,6 +157,8 @@ class LocalBroker:
             RABBITMQ_LOG_BASE=str(self.base_dir / "log"),
             ERL_EPMD_ADDRESS="127.0.0.1",
         )
+        if self.erl_args:
+            env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"] = self.erl_args
         if self.advanced:
             env["RABBITMQ_ADVANCED_CONFIG_FILE"] = str(self.base_dir / "advanced.config")
         return env

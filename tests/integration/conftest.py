@@ -15,7 +15,7 @@ from bandgate.gateway.settings import GatewaySettings
 from bandgate.topology import naming
 from bandgate.topology.model import Topology
 from tests.broker import TestBroker
-from tests.cluster import LocalCluster
+from tools.local_cluster import LocalCluster
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from bandgate.gateway.app import create_app
 from bandgate.gateway.settings import GatewaySettings
 from bandgate.topology import naming
 from bandgate.topology.model import Topology
-from tests.cluster import LocalCluster
+from tools.local_cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
 

@@ -1,4 +1,5 @@
-"""A local RabbitMQ cluster of private nodes on this machine, for fault tests."""
+"""A local RabbitMQ cluster of private nodes on this machine, for the fault tests and the
+cluster benchmark."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bandgate.ops.local_broker import LocalBroker
+from bandgate.ops.local_broker import LocalBroker, configured_root
 
 
 @dataclass
@@ -15,6 +16,9 @@ class LocalCluster:
     base_dir: Path
     size: int = 3
     plugins: tuple[str, ...] = ()  # rabbitmq_management on every node, for the doctor's view
+    # A Debian root of tools.broker_roots (None: the installed RabbitMQ).
+    root: Path | None = field(default_factory=configured_root)
+    erl_args: str = ""  # more Erlang VM flags for every node
     nodes: list[LocalBroker] = field(default_factory=list)
 
     def start(self) -> LocalCluster:
@@ -27,7 +31,13 @@ class LocalCluster:
             cookie_file.write_text(cookie)
             cookie_file.chmod(0o400)
             self.nodes.append(
-                LocalBroker(directory, name=f"{prefix}-{index}", plugins=self.plugins)
+                LocalBroker(
+                    directory,
+                    name=f"{prefix}-{index}",
+                    plugins=self.plugins,
+                    root=self.root,
+                    erl_args=self.erl_args,
+                )
             )
         with ThreadPoolExecutor(self.size) as pool:
             list(pool.map(lambda node: node.start(), self.nodes))
