@@ -742,9 +742,8 @@ def keeps_headroom(
     prefetch: Sequence[int],
     idle_after: float,
 ) -> bool:
-    """Whether the coldest band of `spec` shares the slots through a headroom
-    (see "Headroom") under a consumer's
-    `policy` and prefetch `overrides` (band names)."""
+    """Whether the coldest band of `spec` shares the slots through a headroom (see "Headroom"),
+    under a consumer's `policy`, prefetch `overrides` (band names) and `prefetch` per band."""
     coldest = spec.bands[-1]
     return (
         idle_after > 0
