@@ -6,8 +6,10 @@ A local cluster of three private nodes, each Erlang VM with busy waiting off (`+
 is its work, not its spinning). One band, a quorum queue of three members; the client connects
 to a node that follows it, so the three nodes play three parts: the leader's node, the client's
 node (a follower plus the AMQP connection and channel) and the other follower. Per message:
-- `publish`: published through bandgate's Publisher, `IN_FLIGHT` confirms pipelined;
-- `consume`: delivered to an aio-pika consumer (prefetch `IN_FLIGHT`) and acked one by one;
+- `publish`: published through bandgate's Publisher, `IN_FLIGHT` confirms pipelined, then
+  eight times as many;
+- `consume`: delivered to an aio-pika consumer (prefetch `IN_FLIGHT`, then eight times as
+  many) and acked one by one;
 - `delayed`: published due in one ladder step, so it passes one delay level (a quorum queue
   whose TTL dead-letters it, at least once, into the band): `delayed - publish` is a hop.
 Each for 1 KiB and 10 KiB bodies, `ROUNDS` rounds interleaved; each figure is the median over
@@ -56,6 +58,15 @@ QUEUE = "sizing"
 BAND = naming.band_queue(QUEUE, "all")
 SIZES = {1024: 20_000, 10_240: 5_000}  # body bytes -> messages per phase
 IN_FLIGHT = 64
+# Each phase and the confirms (prefetch) it keeps in flight: the deeper runs show how much of a
+# message's cost is per batch (a WAL write, an fsync, a confirm) rather than per message.
+PHASES = (
+    ("publish", IN_FLIGHT),
+    ("consume", IN_FLIGHT),
+    ("publish", 8 * IN_FLIGHT),
+    ("consume", 8 * IN_FLIGHT),
+    ("delayed", IN_FLIGHT),
+)
 NO_BUSY_WAIT = "+sbwt none +sbwtdcpu none +sbwtdio none"
 TOPOLOGY = parse_topology(
     {
@@ -118,18 +129,20 @@ async def _measure(cluster: LocalCluster) -> list[dict[str, Any]]:
     for _ in range(ROUNDS):
         for size, count in SIZES.items():
             body = "x" * (size - 2)  # a JSON string: two quotes around it
-            for phase in ("publish", "consume", "delayed"):
+            for phase, in_flight in PHASES:
                 wait_for_quiet(patience=5.0)
                 if phase == "publish":
-                    work = _publish(publisher, body, count, delayed=False)
+                    work = _publish(publisher, body, count, in_flight=in_flight)
                 elif phase == "consume":
-                    work = _consume(connection, count)
+                    work = _consume(connection, count, in_flight)
                 else:
                     work = _publish_delayed(publisher, connection, body, count)
-                label = f"{phase} {size // 1024} KiB"
+                label = f"{phase} {size // 1024} KiB" + (
+                    f", {in_flight} in flight" if in_flight != IN_FLIGHT else ""
+                )
                 runs.setdefault(label, []).append(await _phase(roles, count, work))
-            await _consume(connection, count)  # the delayed ones: the band is empty again
-            copies += 3 * count  # the band twice, the delay level once
+            await _consume(connection, count, IN_FLIGHT)  # the delayed ones: the band is empty
+            copies += 5 * count  # the band four times, the delay level once
     await connection.close()
     end = {name: _sample(node) for name, node in roles.items()}
     rows = [_median_row(label, done) for label, done in runs.items()]
@@ -183,11 +196,18 @@ def _sample(node: LocalBroker) -> Sample:
     return Sample(cpu_seconds(pid), written_bytes(pid), (total, member, wal))
 
 
-async def _publish(publisher: Publisher, body: str, count: int, *, delayed: bool) -> None:
+async def _publish(
+    publisher: Publisher,
+    body: str,
+    count: int,
+    *,
+    delayed: bool = False,
+    in_flight: int = IN_FLIGHT,
+) -> None:
     # One and a half steps: whatever a message's time to the publish, it rounds to one step or
     # two, each of which is one level of the ladder, so one hop.
     step = timedelta(milliseconds=TOPOLOGY.delay.base_ms * 1.5)
-    for first in range(0, count, IN_FLIGHT):
+    for first in range(0, count, in_flight):
         envelopes = [
             wire.Envelope(
                 queue=QUEUE,
@@ -195,7 +215,7 @@ async def _publish(publisher: Publisher, body: str, count: int, *, delayed: bool
                 priority=4,
                 deliver_at=wire.now() + step if delayed else None,
             )
-            for _ in range(min(IN_FLIGHT, count - first))
+            for _ in range(min(in_flight, count - first))
         ]
         for result in await publisher.publish_many(envelopes):
             if isinstance(result, Exception):
@@ -217,9 +237,9 @@ async def _publish_delayed(
         await asyncio.sleep(0.05)
 
 
-async def _consume(connection: AbstractRobustConnection, count: int) -> None:
+async def _consume(connection: AbstractRobustConnection, count: int, in_flight: int) -> None:
     channel = await connection.channel()
-    await channel.set_qos(prefetch_count=IN_FLIGHT)
+    await channel.set_qos(prefetch_count=in_flight)
     done = asyncio.Event()
     received = 0
 
