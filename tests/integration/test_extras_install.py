@@ -156,6 +156,18 @@ def test_the_base_install_runs_a_producer_and_a_worker_without_the_http_stack(
     assert "TARGET" in worker.stdout.upper()
     _fails_for_want_of(python, GATEWAY, "starlette", tmp_path)
     _fails_for_want_of(python, OTLP, "opentelemetry.exporter", tmp_path)
+    # The `bandgate` command is installed with the package: it names the extra it needs.
+    command = subprocess.run(
+        [str(python.parent / "bandgate"), "--help"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(python),
+        timeout=120,
+    )
+    assert command.returncode != 0
+    assert "pip install 'bandgate[gateway]'" in command.stderr, command.stderr
 
 
 def test_the_gateway_extra_serves_http_and_leaves_the_worker_as_it_was(
