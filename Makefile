@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/pytest -n $(TEST_WORKERS)
 
-.PHONY: setup broker run test lint unit bench bench-setup clean
+.PHONY: setup broker run test lint docs docs-serve unit bench bench-setup clean
 
 setup: $(VENV)/.installed
 
@@ -35,10 +35,17 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The docs site (mkdocs.yml): built with warnings as errors, so a broken link fails `make test`.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --quiet
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8001
+
 unit: setup
 	$(BIN)/pytest tests/unit
 
-test: setup broker lint
+test: setup broker lint docs
 	$(PYTEST)
 
 # The priority benchmark's peers (Celery, Dramatiq, psycopg) and its plot: an optional extra.
