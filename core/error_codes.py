@@ -57,7 +57,8 @@ MALFORMED_JSON = _code(
     "malformed_json",
     400,
     _CLIENT,
-    "the body is not JSON, not UTF-8, holds an integer outside [-2^63, 2^64), or nests too deeply",
+    "the body is not JSON, not UTF-8, holds an integer outside [-2^63, 2^64), or nests too deeply "
+    "(from the Python producer: a payload or header JSON cannot carry, such as NaN or a datetime)",
 )
 UNAUTHORIZED = _code("unauthorized", 401, _CLIENT, "no bearer token")
 INVALID_TOKEN = _code("invalid_token", 401, _CLIENT, "the bearer token is not valid")
@@ -220,6 +221,8 @@ _RULES: dict[InputRule, ErrorCode] = {
     InputRule.INVALID: INVALID_FIELD,
     InputRule.PRIORITY: INVALID_PRIORITY,
     InputRule.CONFLICT: CONFLICTING_FIELDS,
+    InputRule.NOT_JSON: MALFORMED_JSON,  # what the gateway answers a body holding NaN or 1e999
+    InputRule.TOO_LARGE: BODY_TOO_LARGE,
 }
 
 

@@ -5,6 +5,14 @@ mandatory, routed to its band or the delay ladder). Input goes through the rules
 applies (`topology.publish_input`) and the publish through the same `Publisher`, so a message
 published here carries the same properties and headers, and every failure is the same
 `PublishFailure` with the same code.
+
+The producer refuses what the gateway refuses, before anything is sent: a payload or header
+that no JSON body can hold (`NotJson`, the gateway's `malformed_json`; RabbitMQ would close the
+whole connection on a NaN header) and a payload over the gateway's body limit
+(`PayloadTooLarge`, its `body_too_large`). The limit is `max_body_bytes`: by default
+`BANDGATE_MAX_BODY_BYTES` as the gateway reads it, else the gateway's default (256 KiB). The
+producer counts the payload's compact JSON; the gateway counts the whole HTTP body, a few bytes
+more.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from datetime import datetime
 from typing import Any, Required, TypedDict
 
 from aio_pika.abc import AbstractRobustConnection
+from pydantic import Field
 
 from bandgate.core import cluster_connection, error_codes
 from bandgate.core.broker import RECONNECT_INTERVAL_SECONDS, is_blocked
@@ -36,12 +45,43 @@ from bandgate.topology import naming
 from bandgate.topology.declare import apply_topology
 from bandgate.topology.loader import load_topology
 from bandgate.topology.model import QueueSpec, Topology, UnknownQueueError
-from bandgate.topology.publish_input import MessageInputError, envelope_for
+from bandgate.topology.publish_input import (
+    MAX_BODY_BYTES,
+    InputRule,
+    MessageInputError,
+    envelope_for,
+    payload_body,
+)
 from bandgate.topology.settings import BrokerSettings, redact
 from bandgate.topology.wire import Envelope, HeaderValue
 
 # The Python name of an HTTP body's field, where they differ.
 _PYTHON_FIELDS = {"delay_seconds": "delay"}
+
+
+class NotJson(InvalidMessage):
+    """A payload or header value no JSON body can hold (NaN, +-inf, a datetime, a tuple, a
+    lone surrogate): the gateway refuses such a body as `malformed_json`."""
+
+    error = error_codes.MALFORMED_JSON
+
+
+class PayloadTooLarge(InvalidMessage):
+    """The payload's JSON is over the gateway's body limit (`max_body_bytes`)."""
+
+    error = error_codes.BODY_TOO_LARGE
+
+
+_RULE_FAILURES: dict[InputRule, type[InvalidMessage]] = {
+    InputRule.NOT_JSON: NotJson,
+    InputRule.TOO_LARGE: PayloadTooLarge,
+}
+
+
+class ProducerSettings(BrokerSettings):
+    """The broker, and the body limit the gateway applies (`BANDGATE_MAX_BODY_BYTES`)."""
+
+    max_body_bytes: int = Field(default=MAX_BODY_BYTES, gt=0)
 
 
 class BatchMessage(TypedDict, total=False):
@@ -88,11 +128,14 @@ class Producer:
         confirm_timeout: float = 5.0,
         channel_pool_size: int = 2,
         telemetry: Telemetry | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         """A producer on a connection the caller owns (`close` leaves it open); `connect`
-        opens one of its own."""
+        opens one of its own. A payload over `max_body_bytes` of JSON is refused, as the
+        gateway refuses a body over its `BANDGATE_MAX_BODY_BYTES`."""
         self.connection = connection
         self.topology = topology
+        self.max_body_bytes = max_body_bytes
         self._channels = ChannelSet(confirm_channel_factory(connection), channel_pool_size)
         self._publisher = Publisher(topology, self._channels, confirm_timeout, telemetry)
         self._owns_connection = False
@@ -113,6 +156,7 @@ class Producer:
         connect_timeout: float = 10.0,
         connection_name: str = naming.PRODUCER_CONNECTION,
         telemetry: Telemetry | None = None,
+        max_body_bytes: int | None = None,
     ) -> Connecting:
         """Connect to the broker at `url`: `await` it, or `async with` it to close on exit.
 
@@ -125,9 +169,13 @@ class Producer:
         declares nothing unless `declare_topology` (its user may only be allowed to write);
         without the topology on the broker a publish raises `Unroutable` or `TopologyMissing`.
         A broker that cannot be reached raises `BrokerUnavailable`.
+
+        A payload is refused over `max_body_bytes` of JSON: by default the gateway's limit,
+        `BANDGATE_MAX_BODY_BYTES` when set, else 256 KiB.
         """
 
-        settings = BrokerSettings(amqp_url=url) if url else BrokerSettings()
+        settings = ProducerSettings(amqp_url=url) if url else ProducerSettings()
+        body_limit = max_body_bytes or settings.max_body_bytes
         where = settings.describe_broker() if url is None else redact(url)
 
         async def open_producer() -> Producer:
@@ -150,6 +198,7 @@ class Producer:
                     confirm_timeout=confirm_timeout,
                     channel_pool_size=channel_pool_size,
                     telemetry=telemetry,
+                    max_body_bytes=body_limit,
                 )
             except BaseException:
                 await connection.close()
@@ -249,7 +298,7 @@ class Producer:
     def _envelope(self, spec: QueueSpec, payload: Any, options: Mapping[str, Any]) -> Envelope:
         """The gateway's rules applied to a Python call; a broken rule is `InvalidMessage`."""
         try:
-            return envelope_for(
+            envelope = envelope_for(
                 self.topology,
                 spec,
                 payload,
@@ -260,9 +309,12 @@ class Producer:
                 message_id=options.get("message_id"),
                 partition_key=options.get("partition_key"),
             )
+            payload_body(payload, self.max_body_bytes)
         except MessageInputError as exc:
             field = _PYTHON_FIELDS.get(exc.field, exc.field)
-            raise InvalidMessage(str(exc), field, error_codes.for_rule(exc.rule)) from None
+            failure = _RULE_FAILURES.get(exc.rule, InvalidMessage)
+            raise failure(str(exc), field, error_codes.for_rule(exc.rule)) from None
+        return envelope
 
     def _batch_envelope(self, spec: QueueSpec, message: object) -> Envelope:
         if not isinstance(message, Mapping):

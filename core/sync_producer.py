@@ -65,6 +65,7 @@ class SyncProducer:
         connect_timeout: float = 10.0,
         connection_name: str = naming.PRODUCER_CONNECTION,
         telemetry: Telemetry | None = None,
+        max_body_bytes: int | None = None,
     ) -> SyncProducer:
         """Connect as `Producer.connect` does, and return once connected; use `with` to close
         it on exit."""
@@ -78,6 +79,7 @@ class SyncProducer:
                 connect_timeout=connect_timeout,
                 connection_name=connection_name,
                 telemetry=telemetry,
+                max_body_bytes=max_body_bytes,
             )
         )
 

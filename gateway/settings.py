@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from bandgate.gateway.auth import TokenSpec
+from bandgate.topology.publish_input import MAX_BODY_BYTES
 from bandgate.topology.settings import BrokerSettings
 
 
@@ -15,7 +16,9 @@ class GatewaySettings(BrokerSettings):
     publish_timeout_seconds: float = Field(
         default=5.0, gt=0, description="how long to wait for the broker's confirm before a 503"
     )
-    max_body_bytes: int = Field(default=256 * 1024, gt=0, description="larger bodies get 413")
+    max_body_bytes: int = Field(
+        default=MAX_BODY_BYTES, gt=0, description="larger bodies get 413 (the producer's too)"
+    )
     max_batch_messages: int = Field(default=100, ge=1, description="larger batches get 413")
     channel_pool_size: int = Field(default=4, ge=1, description="confirm channels shared")
     declare_topology: bool = Field(

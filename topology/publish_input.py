@@ -3,7 +3,13 @@ checked the types) and the Python producer both turn their input into an `Envelo
 
 A refusal is a `MessageInputError` naming the field and the rule broken (`InputRule`); the
 floors above turn the rule into their error code (`core.error_codes.for_rule`), so the gateway
-answers it as a 422 and the producer raises it as `InvalidMessage`, alike.
+answers it as it answers the same HTTP body and the producer raises it as `InvalidMessage`.
+
+The payload: the gateway's is JSON by construction (it parsed it) and its size is the HTTP
+body's (`BodyLimitMiddleware`); a Python payload is checked by `payload_body` for the same two
+rules, so the producer never sends what the gateway would have refused: a value JSON cannot
+carry as it was given (NaN, +-inf, a datetime, a tuple: what a consumer gets back must equal
+what was published) or a payload over the gateway's body limit.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
+
+import orjson
 
 from bandgate.topology.model import QueueSpec, Topology
 from bandgate.topology.priority import PriorityError, parse_priority
@@ -26,6 +34,9 @@ MAX_ID_LENGTH = 128
 MAX_ID_BYTES = 255  # message_id travels as an AMQP short string
 MAX_PARTITION_KEY = 256
 INT64 = 2**63
+# The gateway's default body limit (`BANDGATE_MAX_BODY_BYTES`); the producer's too.
+MAX_BODY_BYTES = 256 * 1024
+MAX_PAYLOAD_DEPTH = 254  # orjson writes no deeper nesting
 
 
 class InputRule(Enum):
@@ -34,6 +45,8 @@ class InputRule(Enum):
     INVALID = "invalid"  # a value out of its range or form
     PRIORITY = "priority"  # not a priority 0-9 or a named alias
     CONFLICT = "conflict"  # two inputs that exclude each other, both given
+    NOT_JSON = "not_json"  # a value JSON cannot carry (NaN, +-inf, a datetime): no body has it
+    TOO_LARGE = "too_large"  # a payload over the body limit
 
 
 class MessageInputError(ValueError):
@@ -152,6 +165,7 @@ def _headers(headers: object) -> dict[str, HeaderValue]:
             raise MessageInputError(
                 f"header {name!r} must be a string, number or boolean", f"headers.{name}"
             )
+        _header_is_json(name, value)
         if isinstance(value, str) and len(value) > MAX_HEADER_VALUE:
             raise MessageInputError(
                 f"header {name!r} is longer than {MAX_HEADER_VALUE} characters", "headers"
@@ -162,6 +176,71 @@ def _headers(headers: object) -> dict[str, HeaderValue]:
             )
         checked[name] = value
     return checked
+
+
+def _header_is_json(name: str, value: str | int | float) -> None:
+    """A header an HTTP body could hold: RabbitMQ closes the whole connection (541) on a NaN
+    or infinite double, and a string with a lone surrogate cannot be written as UTF-8."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise MessageInputError(
+            f"header {name!r} is {value}: JSON has no such number", f"headers.{name}", _NOT_JSON
+        )
+    if isinstance(value, str) and not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise MessageInputError(
+                f"header {name!r} is not valid UTF-8 text", f"headers.{name}", _NOT_JSON
+            ) from None
+
+
+_NOT_JSON = InputRule.NOT_JSON
+
+
+def payload_body(payload: Any, max_bytes: int = MAX_BODY_BYTES) -> bytes:
+    """The payload as the JSON a consumer will read, or `MessageInputError`: not JSON data
+    (`NOT_JSON`; nested deeper than `MAX_PAYLOAD_DEPTH` is `INVALID`, as the gateway answers
+    such a body), or more than `max_bytes` bytes of it (`TOO_LARGE`).
+
+    JSON data is what reads back equal: orjson writes NaN as null, a datetime or a UUID as a
+    string and a tuple as a list, all of which a consumer would get as something else."""
+    try:
+        body = orjson.dumps(payload, option=orjson.OPT_PASSTHROUGH_DATETIME)
+    except TypeError as exc:
+        if _deeper_than(payload, MAX_PAYLOAD_DEPTH):
+            raise MessageInputError(
+                f"the payload nests deeper than {MAX_PAYLOAD_DEPTH} levels", "payload"
+            ) from None
+        raise MessageInputError(
+            f"the payload is not JSON data: {exc}", "payload", _NOT_JSON
+        ) from None
+    if len(body) > max_bytes:
+        raise MessageInputError(
+            f"the payload is {len(body)} bytes of JSON, over the limit of {max_bytes} bytes",
+            "payload",
+            InputRule.TOO_LARGE,
+        )
+    if orjson.loads(body) != payload:
+        raise MessageInputError(
+            "the payload is not JSON data: it would not read back as it was given (NaN, "
+            "infinity, a tuple, a date or another type JSON has not)",
+            "payload",
+            _NOT_JSON,
+        )
+    return body
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether containers nest more than `limit` levels (without recursion: it may be deep)."""
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict | list | tuple):
+            if depth >= limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            pending.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _message_id(value: object) -> str | None:

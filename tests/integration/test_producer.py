@@ -199,8 +199,9 @@ async def test_refused_input_raises_its_typed_error_and_sends_nothing(
         ({"deliver_at": datetime(2030, 1, 1)}, "invalid_field", "deliver_at"),
         ({"headers": {"x-bandgate-attempt": 9}}, "invalid_field", "headers"),
         ({"message_id": "a\nb"}, "invalid_field", "message_id"),
-        ({"payload": object()}, "invalid_field", "payload"),
-        ({"payload": 2**64}, "invalid_field", "payload"),
+        # What no JSON body holds: the gateway answers such a body malformed_json.
+        ({"payload": object()}, "malformed_json", "payload"),
+        ({"payload": 2**64}, "malformed_json", "payload"),
         ({"headers": {f"h{i}": "v" * 4096 for i in range(32)}}, "message_too_large", "headers"),
     ]
     for given, code, field in refusals:
@@ -216,6 +217,73 @@ async def test_refused_input_raises_its_typed_error_and_sends_nothing(
     assert sum((await queue_depths(amqp, topology)).values()) == 0
     # The connection survived every refusal.
     assert isinstance(await producer.publish("orders", 1), Published)
+
+
+# (id, payload, headers, the HTTP body a client would send for them)
+NOT_FOR_THE_GATEWAY: list[tuple[str, Any, dict[str, Any] | None, bytes]] = [
+    ("NaN header", 1, {"a": float("nan")}, b'{"payload":1,"headers":{"a":NaN}}'),
+    ("inf header", 1, {"a": float("inf")}, b'{"payload":1,"headers":{"a":1e999}}'),
+    ("-inf header", 1, {"a": -float("inf")}, b'{"payload":1,"headers":{"a":-1e999}}'),
+    ("NaN payload", float("nan"), None, b'{"payload":NaN}'),
+    ("inf payload", {"v": [float("inf")]}, None, b'{"payload":{"v":[1e999]}}'),
+    ("datetime payload", datetime(2030, 1, 1, tzinfo=UTC), None,
+     b'{"payload":2030-01-01T00:00:00+00:00}'),
+    ("oversized payload", "x" * (64 * 1024), None,
+     b'{"payload":"' + b"x" * (64 * 1024) + b'"}'),
+]  # fmt: skip
+
+
+async def test_what_the_gateway_refuses_the_producer_refuses_and_its_connection_stays_up(
+    client: httpx.AsyncClient,
+    amqp_url: str,
+    amqp: AbstractRobustConnection,
+    topology: Topology,
+) -> None:
+    """Issue 33, finding 4: a NaN header made RabbitMQ close the producer's connection (541),
+    failing every publish in flight on it. Each input is refused with the gateway's code for
+    the same body, nothing reaches the broker, and a publish sent alongside them succeeds on
+    the connection that was never closed."""
+    async with Producer.connect(
+        amqp_url, topology=topology, declare_topology=True, max_body_bytes=64 * 1024
+    ) as producer:
+        closed: list[object] = []
+        producer.connection.close_callbacks.add(lambda *args: closed.append(args))
+        producer.connection.reconnect_callbacks.add(lambda *args: closed.append(args))
+        for name, payload, headers, body in NOT_FOR_THE_GATEWAY:
+            response = await client.post(
+                "/v1/queues/orders/messages",
+                content=body,
+                headers={"content-type": "application/json"},
+            )
+            assert response.status_code in {400, 413}, name
+            code = response.json()["error"]["code"]
+            good, refused = await asyncio.gather(
+                producer.publish("orders", {"alongside": name}),
+                producer.publish("orders", payload, headers=headers),
+                return_exceptions=True,
+            )
+            assert isinstance(refused, InvalidMessage), name
+            assert refused.code == code, name
+            assert isinstance(good, Published), (name, good)
+        batch = await producer.publish_batch(
+            "orders", [{"payload": p, "headers": h} for _, p, h, _ in NOT_FOR_THE_GATEWAY]
+        )
+        assert [f.code for _, f in batch.failed] == ["malformed_json"] * 6 + ["body_too_large"]
+        assert isinstance(await producer.publish("orders", "after"), Published)
+        assert closed == []
+        assert not producer.connection.is_closed
+
+    def sync_publishes() -> Published:
+        with SyncProducer.connect(amqp_url, topology=topology) as sync:
+            with pytest.raises(InvalidMessage) as caught:
+                sync.publish("orders", 1, headers={"a": float("nan")})
+            assert caught.value.code == "malformed_json"
+            return sync.publish("orders", "after, from a thread")
+
+    assert isinstance(await asyncio.to_thread(sync_publishes), Published)
+    depths = await queue_depths(amqp, topology)
+    assert depths["orders.warm"] == len(NOT_FOR_THE_GATEWAY) + 2
+    assert sum(depths.values()) == len(NOT_FOR_THE_GATEWAY) + 2
 
 
 async def test_an_unroutable_message_raises_and_a_missing_exchange_is_topology_missing(

@@ -7,14 +7,32 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, cast
 
+import orjson
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from bandgate.core.producer import BatchMessage, Producer
+from bandgate.core import error_codes
+from bandgate.core.producer import (
+    BatchMessage,
+    NotJson,
+    PayloadTooLarge,
+    Producer,
+    ProducerSettings,
+)
 from bandgate.core.publish_outcomes import InvalidMessage, NotEnqueued, UnknownQueue
 from bandgate.gateway.errors import ApiError
+from bandgate.gateway.json_input import MalformedJson, parse_json
+from bandgate.gateway.middleware import too_large
 from bandgate.gateway.schemas import parse_publish
+from bandgate.gateway.settings import GatewaySettings
 from bandgate.topology.loader import parse_topology
+from bandgate.topology.publish_input import (
+    MAX_BODY_BYTES,
+    MAX_PAYLOAD_DEPTH,
+    InputRule,
+    MessageInputError,
+    payload_body,
+)
 
 TOPOLOGY = parse_topology({"delay": {"base_ms": 50, "levels": 12}, "queues": {"orders": {}}})
 FAR = "2100-01-01T00:00:00Z"
@@ -133,3 +151,81 @@ async def test_a_closed_producer_refuses_at_once(producer: Producer) -> None:
     await producer.close()
     with pytest.raises(NotEnqueued, match="closed"):
         await producer.publish("orders", 1)
+
+
+# (id, Python payload or headers, the HTTP body a client would send for it)
+NOT_JSON: list[tuple[str, dict[str, Any], bytes]] = [
+    ("NaN header", {"headers": {"a": float("nan")}}, b'{"payload":1,"headers":{"a":NaN}}'),
+    ("inf header", {"headers": {"a": float("inf")}}, b'{"payload":1,"headers":{"a":1e999}}'),
+    ("-inf header", {"headers": {"a": -float("inf")}}, b'{"payload":1,"headers":{"a":-1e999}}'),
+    ("surrogate header", {"headers": {"a": "\ud800"}}, b'{"payload":1,"headers":{"a":"\\ud800"}}'),
+    ("NaN payload", {"payload": float("nan")}, b'{"payload":NaN}'),
+    ("inf in a payload", {"payload": {"a": [float("inf")]}}, b'{"payload":{"a":[1e999]}}'),
+    ("datetime payload", {"payload": datetime(2030, 1, 1, tzinfo=UTC)},
+     b'{"payload":datetime(2030, 1, 1)}'),
+    ("tuple payload", {"payload": (1, 2)}, b'{"payload":(1, 2)}'),
+    ("integer key", {"payload": {1: 2}}, b'{"payload":{1:2}}'),
+    ("integer past 2^64", {"payload": 2**64}, b'{"payload":18446744073709551616}'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "body"), [pytest.param(*case[1:], id=case[0]) for case in NOT_JSON]
+)
+async def test_the_producer_refuses_what_no_json_body_holds(
+    producer: Producer, kwargs: dict[str, Any], body: bytes
+) -> None:
+    """The gateway answers such a body `malformed_json`; the producer raises `NotJson` with
+    that code, before anything is sent (a NaN header would close the AMQP connection)."""
+    with pytest.raises(MalformedJson):
+        parse_json(body)
+    payload = kwargs.pop("payload", 1)
+    with pytest.raises(NotJson) as python:
+        await producer.publish("orders", payload, **kwargs)
+    assert python.value.code == "malformed_json" == error_codes.MALFORMED_JSON.code
+    assert python.value.field in {"payload", "headers.a"}
+    message = cast(BatchMessage, {"payload": payload, **kwargs})
+    result = await producer.publish_batch("orders", [message])
+    assert [failure.code for _, failure in result.failed] == ["malformed_json"]
+
+
+async def test_a_payload_over_the_body_limit_is_refused_as_the_gateway_does(
+    producer: Producer,
+) -> None:
+    assert producer.max_body_bytes == GatewaySettings.model_fields["max_body_bytes"].default
+    with pytest.raises(PayloadTooLarge) as caught:
+        await producer.publish("orders", "x" * MAX_BODY_BYTES)
+    assert (caught.value.code, caught.value.field) == (too_large(1).code, "payload")
+    assert caught.value.error.status == 413
+    assert payload_body("x" * (MAX_BODY_BYTES - 2)) == orjson.dumps("x" * (MAX_BODY_BYTES - 2))
+
+
+async def test_the_body_limit_is_the_gateways_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BANDGATE_MAX_BODY_BYTES", "100")
+    assert ProducerSettings().max_body_bytes == 100 == GatewaySettings().max_body_bytes
+    small = Producer(cast(AbstractRobustConnection, NoBroker()), TOPOLOGY, max_body_bytes=100)
+    with pytest.raises(PayloadTooLarge):
+        await small.publish("orders", "x" * 99)
+    await small.close()
+
+
+def test_payload_rules() -> None:
+    assert payload_body({"a": [1, 2.5, None, True, "é"], "big": 2**64 - 1}) == (
+        b'{"a":[1,2.5,null,true,"\xc3\xa9"],"big":18446744073709551615}'
+    )
+    deep: Any = 1
+    for _ in range(MAX_PAYLOAD_DEPTH):
+        deep = [deep]
+    assert payload_body(deep)
+    with pytest.raises(MessageInputError) as caught:
+        payload_body([deep])
+    assert caught.value.rule is InputRule.INVALID  # the gateway answers 422, as for this body
+    for value in (float("nan"), [float("-inf")], datetime(2030, 1, 1), (1,), {1: 1}, -(2**63) - 1):
+        with pytest.raises(MessageInputError) as caught:
+            payload_body(value)
+        assert caught.value.rule is InputRule.NOT_JSON, value
+    with pytest.raises(MessageInputError) as caught:
+        payload_body("xx", max_bytes=3)
+    assert caught.value.rule is InputRule.TOO_LARGE
+    assert error_codes.for_rule(InputRule.NOT_JSON) is error_codes.MALFORMED_JSON
+    assert error_codes.for_rule(InputRule.TOO_LARGE) is error_codes.BODY_TOO_LARGE
