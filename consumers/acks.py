@@ -36,6 +36,8 @@ import aiormq
 from aio_pika.exceptions import ChannelInvalidStateError
 from aiormq.abc import AbstractChannel, ChannelFrame
 
+from bandgate.core import compat
+
 log = logging.getLogger(__name__)
 
 # A method frame (type 1) of basic.ack (class 60, method 80): delivery tag, `multiple` bit.
@@ -50,8 +52,7 @@ def ack_frame(channel_number: int, delivery_tag: int, multiple: bool = False) ->
 
 def closing(channel: AbstractChannel) -> bool:
     """Whether the channel is closed or closing (aiormq sets its close event at either)."""
-    close_event: asyncio.Event | None = getattr(channel, "_Channel__close_event", None)
-    return channel.is_closed or (close_event is not None and close_event.is_set())
+    return channel.is_closed or compat.close_event(channel).is_set()
 
 
 class Unsettled:

@@ -76,6 +76,12 @@ class WorkerSettings(BrokerSettings):
         description="at start-up, how long to wait for the ledger to be read up to now; past "
         "it the worker starts anyway and says it does not follow the ledger",
     )
+    fast_frames: bool = Field(
+        default=True,
+        description="read deliveries' frames with bandgate's decoder (core.amqp_read), put in "
+        "place of pamqp's for the whole process when the worker starts; off: pamqp's own, for a "
+        "process whose other AMQP clients must not be touched",
+    )
     event_loop: EventLoopName = Field(
         default="auto",
         description="the event loop: uvloop when installed (auto), as uvicorn does; it cuts "

@@ -123,7 +123,8 @@ class Worker:
         if not consumers:
             raise ConsumerError("the app has no consumers: decorate a handler with @app.consumer")
         topology = self.app.topology
-        amqp_read.install()  # deliveries' frames read without pamqp's generic decoding
+        if self.settings.fast_frames:
+            amqp_read.install()  # deliveries' frames read without pamqp's generic decoding
         self._serve_metrics()
         try:
             connection = await self._connect()

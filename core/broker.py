@@ -45,8 +45,7 @@ def is_blocked(connection: AbstractRobustConnection | None) -> bool:
     transport = connection.transport if connection else None
     if transport is None:
         return False
-    unblocked = getattr(transport.connection, "_Connection__connection_unblocked", None)
-    return isinstance(unblocked, asyncio.Event) and not unblocked.is_set()
+    return not compat.unblocked_event(transport.connection).is_set()
 
 
 class BrokerLink:

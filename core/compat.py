@@ -6,7 +6,8 @@ What each range covers (pyproject.toml pins the same ranges; tests/unit/test_com
 they agree):
 - aiormq: `core.confirm_pipeline` writes its channel's confirm bookkeeping (`delivery_tag`,
   `confirmations`, `message_id_delivery_tag`, `write_queue`); `core.broker` reads a
-  connection's unblocked event; the worker's acks read a channel's close event.
+  connection's unblocked event and the worker's acks a channel's close event, both
+  name-mangled privates, read here only (`unblocked_event`, `close_event`).
 - pamqp: `core.amqp_read` decodes frames itself and reads pamqp's frame and header internals.
 - aio-pika: `core.cluster_connection` and `core.broker` lean on its robust connection.
 - uvicorn: `gateway.http_server` subclasses its httptools protocol.
@@ -18,6 +19,7 @@ new release.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -89,3 +91,19 @@ def check_amqp() -> None:
 def check_uvicorn() -> None:
     """uvicorn: for the gateway's HTTP server."""
     check(UVICORN)
+
+
+def unblocked_event(connection: object) -> asyncio.Event:
+    """An aiormq connection's private Connection.Blocked/Unblocked event (cleared while the
+    broker blocks publishing). AttributeError, never a silent default, if aiormq renamed it."""
+    event = getattr(connection, "_Connection__connection_unblocked")  # noqa: B009 - mangled name
+    assert isinstance(event, asyncio.Event)
+    return event
+
+
+def close_event(channel: object) -> asyncio.Event:
+    """An aiormq channel's private close event, set as soon as the channel starts closing
+    (`is_closed` turns true only once it has). AttributeError if aiormq renamed it."""
+    event = getattr(channel, "_Channel__close_event")  # noqa: B009 - mangled name
+    assert isinstance(event, asyncio.Event)
+    return event

@@ -87,3 +87,16 @@ async def test_a_blocked_connection_is_read_from_the_real_aiormq() -> None:
     assert not is_blocked(robust)
     unblocked.clear()
     assert is_blocked(robust)
+
+
+def test_a_closing_channel_is_read_from_the_real_aiormq() -> None:
+    """`consumers.acks.closing` reads aiormq's private close event through `core.compat`: the
+    installed release's Channel sets that very attribute when it is made, and the accessor
+    returns it. Every ack a worker sends in the integration tests reads it as well."""
+    assert "_Channel__close_event" in aiormq.Channel.__init__.__code__.co_names
+    channel = aiormq.Channel.__new__(aiormq.Channel)
+    event = asyncio.Event()
+    vars(channel)["_Channel__close_event"] = event
+    assert compat.close_event(channel) is event
+    event.set()
+    assert compat.close_event(channel).is_set()
