@@ -60,9 +60,26 @@ MALFORMED_JSON = _code(
     "the body is not JSON, not UTF-8, holds an integer outside [-2^63, 2^64), or nests too deeply "
     "(from the Python producer: a payload or header JSON cannot carry, such as NaN or a datetime)",
 )
+MALFORMED_PATH = _code(
+    "malformed_path", 400, _CLIENT, "a percent-escape in the path is not UTF-8 (as for a body)"
+)
 UNAUTHORIZED = _code("unauthorized", 401, _CLIENT, "no bearer token")
 INVALID_TOKEN = _code("invalid_token", 401, _CLIENT, "the bearer token is not valid")
 FORBIDDEN = _code("forbidden", 403, _CLIENT, "the token lacks the scope the operation needs")
+CROSS_SITE_REQUEST = _code(
+    "cross_site_request",
+    403,
+    _CLIENT,
+    "a browser sent it from another site (its Origin or Sec-Fetch-Site says so): refused, "
+    "so that no web page can drive the gateway",
+)
+HOST_NOT_ALLOWED = _code(
+    "host_not_allowed",
+    403,
+    _CLIENT,
+    "the Host header names a host the gateway does not serve (BANDGATE_ALLOWED_HOSTS; "
+    "bandgate dev serves its own address only): refused against DNS rebinding",
+)
 UNKNOWN_QUEUE = _code("unknown_queue", 404, _CLIENT, "the queue is not in the topology")
 NOT_FOUND = _code("not_found", 404, _CLIENT, "no such route or file")
 METHOD_NOT_ALLOWED = _code("method_not_allowed", 405, _CLIENT, "the route has no such method")
@@ -170,6 +187,13 @@ UNROUTABLE = _code(
     503,
     _NOT_ENQUEUED,
     "the broker returned the message: no binding matched (apply the topology)",
+)
+SERVER_BUSY = _code(
+    "server_busy",
+    503,
+    _NOT_ENQUEUED,
+    "the gateway process holds as many connections and requests as it may "
+    "(BANDGATE_MAX_CONNECTIONS); nothing was done: retry",
 )
 NOT_READY = _code(
     "not_ready", 503, _NOT_ENQUEUED, "the broker is not connected or the topology not present"

@@ -17,12 +17,14 @@ from starlette.routing import BaseRoute
 from bandgate.core.broker import BrokerLink
 from bandgate.core.heap import settle_heap
 from bandgate.core.telemetry import Telemetry
+from bandgate.gateway import log_lines
 from bandgate.gateway.auth import Authenticator, AuthMiddleware
 from bandgate.gateway.console import console_routes
+from bandgate.gateway.cross_site import CrossSiteGuard
 from bandgate.gateway.dlq_routes import dlq_routes, finish_dead_letter_work
 from bandgate.gateway.errors import ApiError, api_error_handler, http_error_handler
 from bandgate.gateway.message_routes import message_routes
-from bandgate.gateway.middleware import BodyLimitMiddleware, ErrorBoundary
+from bandgate.gateway.middleware import BodyLimitMiddleware, ErrorBoundary, Utf8PathMiddleware
 from bandgate.gateway.routes import routes
 from bandgate.gateway.settings import GatewaySettings
 from bandgate.topology.model import Topology
@@ -66,6 +68,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        log_lines.install()  # client text in any log line of this process stays on its line
         model = topology or resolved.load_topology()
         link = BrokerLink(
             resolved.amqp_url,
@@ -109,6 +112,12 @@ def create_app(
         log.warning("authentication is disabled: anyone who can reach the gateway may publish")
     middleware = [
         Middleware(ErrorBoundary),
+        Middleware(
+            CrossSiteGuard,
+            allowed_hosts=resolved.allowed_hosts,
+            allowed_origins=resolved.allowed_origins,
+        ),
+        Middleware(Utf8PathMiddleware),
         Middleware(AuthMiddleware, authenticator=authenticator),
         Middleware(BodyLimitMiddleware, limit=resolved.max_body_bytes),
     ]

@@ -7,6 +7,9 @@ version is pinned in pyproject and `tests/integration/test_http_limits.py` runs 
 answers 431 once a head passes `max_header_bytes` (uvicorn's `h11_max_incomplete_event_size`,
 which means the same for its h11 protocol) or `MAX_HEADERS` headers, and 408 when a head takes
 longer than the keep-alive timeout to arrive, so slow clients cannot hold connections open.
+uvicorn's own answers come in the API's error shape too: a request its parser refuses (400
+`http_error`, was plain text) and one beyond `limit_concurrency` (503 `server_busy`, was
+"Service Unavailable").
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from typing import Any
 
 import orjson
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.flow_control import service_unavailable
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from bandgate.core import compat, error_codes
 from bandgate.core.error_codes import ErrorCode
@@ -29,7 +34,31 @@ MAX_HEADERS = 100
 LINGER_SECONDS = 1.0
 DEFAULT_MAX_HEADER_BYTES = 32 * 1024
 
-_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+_REASONS = {
+    400: b"Bad Request",
+    408: b"Request Timeout",
+    431: b"Request Header Fields Too Large",
+}
+
+
+async def server_busy(scope: Scope, receive: Receive, send: Send) -> None:
+    """uvicorn's answer beyond `limit_concurrency`, in the error shape."""
+    body = orjson.dumps(
+        {
+            "error": error_body(
+                error_codes.SERVER_BUSY,
+                "the gateway process serves as many connections and requests as it may; retry",
+            )
+        }
+    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(body)),
+        (b"retry-after", b"1"),
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -103,6 +132,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if not self._refused:
             super().on_message_complete()
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request its parser refuses, in the error shape."""
+        self._refuse(error_codes.HTTP_ERROR, msg, status=400)
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        if app is service_unavailable:
+            app = server_busy
+        super()._start_asgi_task(cycle, app)
+
     def _too_large(self) -> str:
         return f"the request line and headers exceed {self._max_head_bytes} bytes"
 
@@ -123,16 +161,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 f"the request head took over {self.timeout_keep_alive} s",
             )
 
-    def _refuse(self, error: ErrorCode, message: str) -> None:
+    def _refuse(self, error: ErrorCode, message: str, status: int | None = None) -> None:
         """Answer in the API's error shape and close. Closing at once, with the client still
         sending, would reset the connection and could destroy the answer before the client
         read it; so the gateway half-closes, drops what still comes for `LINGER_SECONDS`
         (parsing none of it), then closes."""
         self._refused = True
         self._disarm_head_timer()
-        assert error.status is not None
+        status = status or error.status
+        assert status is not None
         body = orjson.dumps({"error": error_body(error, message)})
-        head = b"HTTP/1.1 %d %s\r\n" % (error.status, _REASONS[error.status])
+        head = b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status])
         head += b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
         head += b"connection: close\r\n\r\n"
         self.transport.write(head + body)

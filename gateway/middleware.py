@@ -1,16 +1,19 @@
-"""Pure ASGI middleware: the error boundary, and the body-size limit, enforced before a byte
-is parsed."""
+"""Pure ASGI middleware: the error boundary, the UTF-8 rule for paths, and the body-size
+limit, enforced before a byte is parsed."""
 
 from __future__ import annotations
 
 import logging
 import re
 import uuid
+from urllib.parse import unquote_to_bytes
 
+import orjson
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bandgate.core import error_codes
-from bandgate.gateway.errors import ApiError, error_response
+from bandgate.gateway.errors import ApiError, error_body, error_response
 
 log = logging.getLogger(__name__)
 
@@ -23,13 +26,19 @@ class ErrorBoundary:
     `internal_error`) with a request id, logged with its traceback under that id.
 
     The id is made only when something failed (or taken from the client's X-Request-Id), so
-    requests that succeed pay nothing for it.
+    requests that succeed pay nothing for it. A client that hung up before its request was
+    read is not a failure of the gateway: one INFO line, no traceback, no 500. The gateway
+    serves no WebSocket: an upgrade is answered 404 in the error shape where the server lets
+    an app answer one (uvicorn's `websocket.http.response`), else closed.
     """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await refuse_websocket(scope, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -43,6 +52,16 @@ class ErrorBoundary:
 
         try:
             await self.app(scope, receive, watched_send)
+        except ClientDisconnect:
+            log.info(
+                "client %s hung up before its request was read: %s %s",
+                _client(scope),
+                scope.get("method"),
+                scope.get("path"),
+            )
+            if not started:  # for the access log, where the server still writes one
+                gone = ApiError.of(error_codes.CLIENT_DISCONNECTED, "the client hung up")
+                await error_response(gone)(scope, receive, send)
         except Exception:
             request_id = _request_id(scope)
             log.exception(
@@ -61,11 +80,53 @@ class ErrorBoundary:
             await error_response(error, request_id=request_id)(scope, receive, send)
 
 
+async def refuse_websocket(scope: Scope, send: Send) -> None:
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    body = orjson.dumps(
+        {"error": error_body(error_codes.NOT_FOUND, "the gateway serves no WebSocket")}
+    )
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "websocket.http.response.start", "status": 404, "headers": headers})
+    await send({"type": "websocket.http.response.body", "body": body})
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else "-"
+
+
 def _request_id(scope: Scope) -> str:
     for name, value in scope["headers"]:
         if name == b"x-request-id" and _REQUEST_ID.fullmatch(value):
             return bytes(value).decode()
     return uuid.uuid4().hex
+
+
+class Utf8PathMiddleware:
+    """Paths under the rule bodies follow: percent-escapes must be UTF-8. The server decodes
+    an escape that is not (`%FF`) to U+FFFD, so different raw ids would name one message:
+    such a path is refused (400 `malformed_path`). Only a path holding U+FFFD is looked at
+    again, in its raw form (one that escapes U+FFFD itself is valid)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and "\ufffd" in scope["path"]:
+            raw = scope.get("raw_path")
+            try:
+                if raw is not None:
+                    unquote_to_bytes(raw.split(b"?", 1)[0]).decode()
+            except UnicodeDecodeError:
+                error = ApiError.of(
+                    error_codes.MALFORMED_PATH,
+                    "the path's percent-escapes are not UTF-8 (escape UTF-8 bytes: %C3%A9)",
+                )
+                await error_response(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def too_large(limit: int) -> ApiError:

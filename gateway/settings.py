@@ -42,6 +42,16 @@ class GatewaySettings(BrokerSettings):
     access_log: bool = Field(
         default=True, description="log every request (costs CPU at high request rates)"
     )
+    allowed_hosts: tuple[str, ...] = Field(
+        default=(),
+        description="JSON list of the host names the gateway serves (any when empty; "
+        "bandgate dev: its own address); another Host gets 403",
+    )
+    allowed_origins: tuple[str, ...] = Field(
+        default=(),
+        description="JSON list of web origins (https://ops.example.com) whose pages may send "
+        "state-changing requests; other sites get 403",
+    )
     connection_name: str = "bandgate-gateway"
     auth_enabled: bool = Field(
         default=True, description="require bearer tokens on /v1/ (bandgate dev turns it off)"

@@ -23,6 +23,7 @@ import uvicorn
 from rich.console import Console
 
 from bandgate.core import cluster_connection
+from bandgate.gateway.cross_site import local_hosts
 from bandgate.gateway.http_server import server_options
 from bandgate.gateway.settings import GatewaySettings
 from bandgate.ops.local_broker import (
@@ -160,6 +161,10 @@ def _run(console: Console, host: str, port: int) -> None:
 def _serve(console: Console, host: str, port: int, record: DevRecord) -> None:
     # The topology is applied here; the gateway need not declare it again.
     settings = GatewaySettings(host=host, port=port, declare_topology=False, auth_enabled=False)
+    if not settings.allowed_hosts:
+        # Authentication is off: no page may reach this gateway through a name of its own
+        # (DNS rebinding); cross-site requests are refused anyway (`gateway.cross_site`).
+        settings = settings.model_copy(update={"allowed_hosts": local_hosts(host)})
     topology = settings.load_topology()
     version = _apply_or_explain(settings, topology)
     console.print(f"topology applied on RabbitMQ {version}: queues {', '.join(topology.queues)}")
