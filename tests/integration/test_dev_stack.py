@@ -116,3 +116,26 @@ def test_commands_say_which_broker_failed_and_what_chose_it(stack: DevStack) -> 
     assert stack.record.amqp_url.replace("guest:guest", "guest:***") in message
     assert "dev.json" in message
     assert "`bandgate dev` is not running" in message
+
+
+def test_no_page_of_another_site_or_host_drives_the_dev_gateway(stack: DevStack) -> None:
+    """Issue 33, finding 7: authentication is off here, so a page on another origin replayed
+    the DLQ with a body-less no-cors POST, and DNS rebinding could reach it under the
+    attacker's own host name (then Origin and Host agree)."""
+    record = stack.start()
+    replay = f"{record.gateway_url}/v1/queues/orders/dlq/replay"
+    port = record.gateway_url.rsplit(":", 1)[1]
+    cross_site = httpx.post(replay, headers={"origin": "http://evil.example"}, timeout=10)
+    assert (cross_site.status_code, cross_site.json()["error"]["code"]) == (
+        403,
+        "cross_site_request",
+    )
+    rebound = {"host": f"evil.example:{port}", "origin": f"http://evil.example:{port}"}
+    rebinding = httpx.post(replay, headers=rebound, timeout=10)
+    assert (rebinding.status_code, rebinding.json()["error"]["code"]) == (403, "host_not_allowed")
+    read = httpx.get(f"{record.gateway_url}/v1/queues", headers={"host": "evil.example"})
+    assert read.status_code == 403
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
+        listed = httpx.get(f"{record.gateway_url}/v1/queues", headers={"host": host}, timeout=10)
+        assert listed.status_code == 200, (host, listed.text)
+    publish(record, 1, 5)  # what the README's curl commands send
