@@ -50,9 +50,9 @@ DEFAULT_LIMITS = ApiLimits()
 # Each status with the error codes the gateway's operations answer it with (every error body is
 # an `ErrorResponse`); each response's description and `x-error-codes` come from the registry.
 ERRORS: dict[int, tuple[ErrorCode, ...]] = {
-    400: (codes.MALFORMED_JSON,),
+    400: (codes.MALFORMED_JSON, codes.MALFORMED_PATH),
     401: (codes.UNAUTHORIZED, codes.INVALID_TOKEN),
-    403: (codes.FORBIDDEN,),
+    403: (codes.FORBIDDEN, codes.CROSS_SITE_REQUEST, codes.HOST_NOT_ALLOWED),
     404: (codes.UNKNOWN_QUEUE,),
     408: (codes.REQUEST_TIMEOUT,),
     409: (codes.DLQ_BUSY,),
@@ -74,6 +74,7 @@ ERRORS: dict[int, tuple[ErrorCode, ...]] = {
         codes.BROKER_BLOCKED,
         codes.UNROUTABLE,
         codes.NOT_READY,
+        codes.SERVER_BUSY,
         codes.CONFIRM_TIMEOUT,
         codes.CONFIRM_LOST,
         codes.TOPOLOGY_MISSING,
