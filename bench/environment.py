@@ -72,33 +72,33 @@ def cpu_seconds(pid: int | None) -> float:
     stats = _all_stats()
     if pid not in stats:
         return float("nan")
-    children: dict[int, list[int]] = {}
-    for child, (parent, _) in stats.items():
-        children.setdefault(parent, []).append(child)
-    total, todo = 0, [pid]
-    while todo:
-        current = todo.pop()
-        total += stats[current][1]
-        todo += children.get(current, [])
-    return total / os.sysconf("SC_CLK_TCK")
+    ticks = sum(stats[member][1] for member in _tree(pid, stats))
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def written_bytes(pid: int) -> int:
     """Bytes a process and its descendants caused to be written to storage so far
     (`write_bytes` in /proc/<pid>/io: counted when a page is dirtied, so page-grained)."""
-    stats = _all_stats()
+    total = 0
+    for member in _tree(pid, _all_stats()):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{member}/io").read_text().splitlines():
+                if line.startswith("write_bytes:"):
+                    total += int(line.split()[1])
+    return total
+
+
+def _tree(pid: int, stats: dict[int, tuple[int, int]]) -> list[int]:
+    """`pid` and every live descendant of it, from `_all_stats()`."""
     children: dict[int, list[int]] = {}
     for child, (parent, _) in stats.items():
         children.setdefault(parent, []).append(child)
-    total, todo = 0, [pid]
+    found, todo = [], [pid]
     while todo:
         current = todo.pop()
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{current}/io").read_text().splitlines():
-                if line.startswith("write_bytes:"):
-                    total += int(line.split()[1])
+        found.append(current)
         todo += children.get(current, [])
-    return total
+    return found
 
 
 def machine_busy_seconds() -> float:
