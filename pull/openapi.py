@@ -153,7 +153,7 @@ def document(openapi: dict[str, Any], settings: PullSettings) -> None:
                 errors={
                     429: (
                         (codes.RATE_LIMITED, codes.TOO_MANY_AUTH_FAILURES, codes.TOO_MANY_LEASES),
-                        f" A token may hold {settings.max_leases_per_token} leases in this "
+                        f" A token may hold {settings.token_lease_limit} leases in this "
                         "gateway process: settle some first. See Retry-After.",
                     ),
                 },

@@ -143,7 +143,7 @@ class Receivers:
     async def receive(
         self, spec: QueueSpec, count: int, wait: float, visibility: float, owner: str
     ) -> list[Lease]:
-        allowed = self.settings.max_leases_per_token
+        allowed = self.settings.token_lease_limit
         if self.book.held(owner) >= allowed:
             raise ApiError(
                 429,

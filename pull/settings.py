@@ -26,7 +26,10 @@ class PullSettings(BaseSettings):
         "prefetch while clients wait",
     )
     max_leases_per_token: int = Field(
-        default=1000, ge=1, description="leases one token may hold at once, per process"
+        default=128,
+        ge=1,
+        description="leases one token may hold at once, per process; never more than half of "
+        "max_leases, so that one token cannot hold every lease of a queue",
     )
     default_visibility_seconds: float = Field(
         default=30, gt=0, le=MAX_VISIBILITY_SECONDS, description="when a receive names none"
@@ -57,6 +60,12 @@ class PullSettings(BaseSettings):
     forward_timeout_seconds: float = Field(
         default=5.0, gt=0, description="for the process holding a lease to answer a forward"
     )
+
+    @property
+    def token_lease_limit(self) -> int:
+        """The leases one token may hold in this process: its own limit, capped at half of a
+        queue's, so the other tokens of a queue always find seats."""
+        return max(1, min(self.max_leases_per_token, self.max_leases // 2))
 
 
 __all__ = ["MAX_MESSAGES", "MAX_VISIBILITY_SECONDS", "MAX_WAIT_SECONDS", "PullSettings"]

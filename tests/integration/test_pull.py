@@ -492,6 +492,53 @@ async def test_a_token_holds_at_most_its_leases(limited: httpx.AsyncClient) -> N
     assert len(await receive(limited, "orders", max_messages=10, wait_seconds=2)) == 1
 
 
+OTHER_CONSUMER = "other-consumer-secret"  # consume:orders, another tenant's worker
+
+
+async def test_one_token_leaves_half_a_queues_leases_to_the_others(
+    gateway_settings: GatewaySettings, topology: Topology
+) -> None:
+    """Issue 33, finding 6: with a per-token limit above the queue's lease cap, one token took
+    every lease of the queue and another consumer got nothing. A token's limit is at most half
+    of the queue's cap (here 4 leases: 2 per token, whatever the per-token setting says)."""
+    settings = gateway_settings.model_copy(
+        update={
+            "auth_enabled": True,
+            "tokens": (
+                TokenSpec(
+                    name="hoarder",
+                    sha256=hash_token(CONSUMER),
+                    scopes=("publish:orders", "consume:orders"),
+                ),
+                TokenSpec(
+                    name="other", sha256=hash_token(OTHER_CONSUMER), scopes=("consume:orders",)
+                ),
+            ),
+        }
+    )
+    pull_settings = PullSettings(max_leases=4, max_leases_per_token=1000)
+    hoarder = {"authorization": f"Bearer {CONSUMER}"}
+    other = {"authorization": f"Bearer {OTHER_CONSUMER}"}
+    async with served(settings, topology, pull_settings, headers=hoarder) as http:
+        for n in range(4):
+            await publish(http, "orders", payload={"n": n}, priority=8)
+        taken = await receive(http, "orders", max_messages=10, wait_seconds=2)
+        assert len(taken) == 2
+        refused = await http.post("/v1/queues/orders/receive", json={"wait_seconds": 0})
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "too_many_leases"
+        response = await http.post(
+            "/v1/queues/orders/receive",
+            json={"max_messages": 10, "wait_seconds": 2},
+            headers=other,
+        )
+        assert response.status_code == 200, response.text
+        theirs = response.json()["messages"]
+        assert len(theirs) == 2
+        ids = {m["message_id"] for m in taken} | {m["message_id"] for m in theirs}
+        assert len(ids) == 4
+
+
 async def test_a_response_stops_at_its_byte_budget(limited: httpx.AsyncClient) -> None:
     for _ in range(3):
         await publish(limited, "orders", payload="x" * 600, priority=8)
