@@ -40,6 +40,11 @@ Verdict = Literal["cancelled", "superseded", "duplicate"]
 # 128 MiB ledger (about 460,000 entries) reads in about 20 s at the 24,000 entries/s that
 # `python -m bench ledger` measured.
 CATCHUP_SECONDS = 60.0
+# An entry stamped further ahead than this (a writer's clock, or a forged entry) counts as
+# written now plus this much: expiry walks the entries in the order they were written and stops
+# at the first one still inside the window, so one entry from the far future would keep every
+# later one in memory for as long.
+CLOCK_SKEW_MS = 60_000
 
 
 class LedgerEntryError(ValueError):
@@ -139,16 +144,17 @@ class LedgerView:
 
     def apply(self, entry: Entry) -> None:
         key = _key(entry.queue, entry.message_id)
+        at_ms = min(entry.at_ms, now_ms() + CLOCK_SKEW_MS)
         if entry.op == "handled":
             known = self._handled.pop(key, None)
             generation = entry.generation if known is None else max(known[0], entry.generation)
-            self._handled[key] = (generation, entry.at_ms)
+            self._handled[key] = (generation, at_ms)
         elif entry.op in ("cancel", "replace"):
             dead = self._dead.pop(key, None)
             if dead is not None and dead[0] >= entry.generation:
-                self._dead[key] = (dead[0], max(dead[1], entry.at_ms), dead[2])
+                self._dead[key] = (dead[0], max(dead[1], at_ms), dead[2])
             else:
-                self._dead[key] = (entry.generation, entry.at_ms, entry.op == "cancel")
+                self._dead[key] = (entry.generation, at_ms, entry.op == "cancel")
         self.expire()
 
     def verdict(

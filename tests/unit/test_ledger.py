@@ -82,6 +82,20 @@ def test_an_updated_tombstone_moves_to_the_back_of_the_expiry_line() -> None:
     assert view.verdict("orders", "b", 0) is None
 
 
+def test_an_entry_from_the_far_future_does_not_hold_back_expiry() -> None:
+    """Issue 33, finding 11: one entry stamped years ahead (a forged write to the ledger stream,
+    or a clock far off) stopped in-memory expiry behind it. It counts as written at most a
+    minute from now, so it and everything after it leave with the window."""
+    t = ledger.now_ms()
+    view = LedgerView(60)
+    view.apply(Entry("cancel", "orders", "far", 1, t + 10 * 365 * 86_400_000))
+    view.apply(Entry("cancel", "orders", "b", 1, t + 1_000))
+    view.expire(now=t + 61_500)  # past b, not yet past the clamped far entry
+    assert len(view) == 2  # b waits behind the far one, as written order says...
+    view.expire(now=t + 130_000)  # ...but only until a minute past now plus the window
+    assert len(view) == 0
+
+
 def test_entries_older_than_the_window_are_not_kept() -> None:
     t = ledger.now_ms()  # this window is 60 s: stamp entries now, not at import
     view = LedgerView(60)
