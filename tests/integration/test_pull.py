@@ -434,25 +434,26 @@ CONSUMER = "consumer-secret"  # publish:orders, consume:orders
 PUBLISHER = "publisher-secret"  # publish:orders
 
 
+def with_tokens(
+    settings: GatewaySettings, *tokens: tuple[str, str, tuple[str, ...]]
+) -> GatewaySettings:
+    """`settings` with authentication on and these tokens: (name, secret, scopes) each."""
+    specs = tuple(
+        TokenSpec(name=name, sha256=hash_token(secret), scopes=scopes)
+        for name, secret, scopes in tokens
+    )
+    return settings.model_copy(update={"auth_enabled": True, "tokens": specs})
+
+
 @pytest.fixture
 async def limited(
     gateway_settings: GatewaySettings, topology: Topology
 ) -> AsyncIterator[httpx.AsyncClient]:
     """Authentication on; 3 leases per token; receive responses cut at 1 KiB of payloads."""
-    settings = gateway_settings.model_copy(
-        update={
-            "auth_enabled": True,
-            "tokens": (
-                TokenSpec(
-                    name="worker",
-                    sha256=hash_token(CONSUMER),
-                    scopes=("publish:orders", "consume:orders"),
-                ),
-                TokenSpec(
-                    name="producer", sha256=hash_token(PUBLISHER), scopes=("publish:orders",)
-                ),
-            ),
-        }
+    settings = with_tokens(
+        gateway_settings,
+        ("worker", CONSUMER, ("publish:orders", "consume:orders")),
+        ("producer", PUBLISHER, ("publish:orders",)),
     )
     pull_settings = PullSettings(max_leases_per_token=3, max_response_bytes=1024)
     bearer = {"authorization": f"Bearer {CONSUMER}"}
@@ -501,20 +502,10 @@ async def test_one_token_leaves_half_a_queues_leases_to_the_others(
     """Issue 33, finding 6: with a per-token limit above the queue's lease cap, one token took
     every lease of the queue and another consumer got nothing. A token's limit is at most half
     of the queue's cap (here 4 leases: 2 per token, whatever the per-token setting says)."""
-    settings = gateway_settings.model_copy(
-        update={
-            "auth_enabled": True,
-            "tokens": (
-                TokenSpec(
-                    name="hoarder",
-                    sha256=hash_token(CONSUMER),
-                    scopes=("publish:orders", "consume:orders"),
-                ),
-                TokenSpec(
-                    name="other", sha256=hash_token(OTHER_CONSUMER), scopes=("consume:orders",)
-                ),
-            ),
-        }
+    settings = with_tokens(
+        gateway_settings,
+        ("hoarder", CONSUMER, ("publish:orders", "consume:orders")),
+        ("other", OTHER_CONSUMER, ("consume:orders",)),
     )
     pull_settings = PullSettings(max_leases=4, max_leases_per_token=1000)
     hoarder = {"authorization": f"Bearer {CONSUMER}"}
