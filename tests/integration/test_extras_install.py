@@ -114,16 +114,15 @@ def _env(python: Path) -> dict[str, str]:
     }
 
 
-def _run(python: Path, script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _execute(python: Path, argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run `argv` as the install's user would: its programs first on PATH."""
     return subprocess.run(
-        [str(python), "-c", script, *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=_env(python),
-        timeout=120,
+        argv, check=False, capture_output=True, text=True, cwd=cwd, env=_env(python), timeout=120
     )
+
+
+def _run(python: Path, script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return _execute(python, [str(python), "-c", script, *args], cwd)
 
 
 def _succeeds(python: Path, script: str, cwd: Path, *args: str) -> str:
@@ -143,29 +142,13 @@ def test_the_base_install_runs_a_producer_and_a_worker_without_the_http_stack(
     python = install("")
     assert _succeeds(python, WORKER_AND_PRODUCER, tmp_path, *HTTP_STACK).split() == []
     # The worker's command line is there; the gateway is not installed at all.
-    worker = subprocess.run(
-        [str(python), "-m", "bandgate.consumers", "--help"],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=_env(python),
-        timeout=120,
-    )
+    worker = _execute(python, [str(python), "-m", "bandgate.consumers", "--help"], tmp_path)
     assert worker.returncode == 0, worker.stderr
     assert "TARGET" in worker.stdout.upper()
     _fails_for_want_of(python, GATEWAY, "starlette", tmp_path)
     _fails_for_want_of(python, OTLP, "opentelemetry.exporter", tmp_path)
     # The `bandgate` command is installed with the package: it names the extra it needs.
-    command = subprocess.run(
-        [str(python.parent / "bandgate"), "--help"],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=_env(python),
-        timeout=120,
-    )
+    command = _execute(python, [str(python.parent / "bandgate"), "--help"], tmp_path)
     assert command.returncode != 0
     assert "pip install 'bandgate[gateway]'" in command.stderr, command.stderr
 
