@@ -1,5 +1,5 @@
 """What an ack costs the broker: a quorum queue drained with one ack per message, or with one
-`multiple` ack per 4, 8 or 32 messages (`consumers.acks` joins a loop turn's acks that way).
+`multiple` ack per 4, 8 or 32 messages (`core.protocol.acks` joins a loop turn's acks that way).
 
 On a quorum queue every ack is a Raft command (a log entry, a WAL write, a state machine step),
 and a `multiple` ack is one command for all the messages it settles. Each row drains a backlog

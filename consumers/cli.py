@@ -109,6 +109,8 @@ def worker(
         overrides["shutdown_grace_seconds"] = grace
     if metrics_port is not None:
         overrides["metrics_port"] = metrics_port
+    if settings.fast_frames is None:
+        overrides["fast_frames"] = True  # this process runs nothing but the worker
     if overrides:
         settings = settings.model_copy(update=overrides)
     try:

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from bandgate.consumers.errors import MalformedMessage
-from bandgate.consumers.incoming import Delivered
+from bandgate.core.protocol.deliveries import Delivered
 from bandgate.topology import wire
 from bandgate.topology.model import Band, QueueSpec
 from bandgate.topology.priority import MAX_PRIORITY, MIN_PRIORITY
@@ -38,6 +38,7 @@ class Message:
     attempt: int = 1
     headers: Mapping[str, Any] = field(default_factory=dict)
     partition_key: str | None = None
+    tenant: str | None = None
     enqueued_at: datetime = field(default_factory=wire.now)
     redelivered: bool = False
     delivery_count: int = 0
@@ -62,6 +63,7 @@ def read_message(
         attempt=max(1, wire.header_int(headers.get(wire.ATTEMPT)) or 1),
         headers=wire.user_headers(headers),
         partition_key=wire.header_text(headers.get(wire.PARTITION_KEY)),
+        tenant=wire.header_text(headers.get(wire.TENANT)),
         enqueued_at=read_enqueued_at(delivery),
         redelivered=bool(delivery.redelivered),
         delivery_count=max(0, wire.header_int(headers.get(wire.DELIVERY_COUNT)) or 0),

@@ -18,7 +18,7 @@ module once, in this order, and this module is the thread between them, read top
    is decided without running the handler);
 5. `bandgate.consumers.settlement`: the `Settler` publishes the retry or dead letter,
    confirmed, then acks; or the runner gives the message back (`give_back`);
-6. `bandgate.consumers.acks`: the ack goes out with the others of its event-loop turn.
+6. `bandgate.core.protocol.acks`: the ack goes out with the others of its event-loop turn.
 
 `bandgate.consumers.telemetry` watches beside the path (the span around each attempt, the
 metrics once settled), and so do the `RunnerHooks` of whoever drives the runner. An ordered

@@ -76,11 +76,12 @@ class WorkerSettings(BrokerSettings):
         description="at start-up, how long to wait for the ledger to be read up to now; past "
         "it the worker starts anyway and says it does not follow the ledger",
     )
-    fast_frames: bool = Field(
-        default=True,
-        description="read deliveries' frames with bandgate's decoder (core.amqp_read), put in "
-        "place of pamqp's for the whole process when the worker starts; off: pamqp's own, for a "
-        "process whose other AMQP clients must not be touched",
+    fast_frames: bool | None = Field(
+        default=None,
+        description="read deliveries' frames with bandgate's decoder (core.protocol.frames), "
+        "put in place of pamqp's for the whole process when the worker starts. Unset: on in the "
+        "`bandgate worker` command, whose process is the worker's alone, and off in a program "
+        "that runs a ConsumerApp itself, whose other AMQP clients it must not touch",
     )
     event_loop: EventLoopName = Field(
         default="auto",

@@ -29,7 +29,6 @@ import aio_pika
 import aiormq
 from aio_pika.exceptions import ChannelInvalidStateError, MessageProcessError
 
-from bandgate.consumers.acks import AckWriter
 from bandgate.consumers.decision import (
     Ack,
     DeadLetter,
@@ -39,10 +38,11 @@ from bandgate.consumers.decision import (
     Tombstoned,
     outcome_name,
 )
-from bandgate.consumers.incoming import Delivered, Incoming
 from bandgate.consumers.message import Message
 from bandgate.core.ledger import generation_of, handled
 from bandgate.core.ledger_follower import LedgerFollower
+from bandgate.core.protocol.acks import AckWriter
+from bandgate.core.protocol.deliveries import Delivered, Incoming
 from bandgate.core.publishing import Publisher, PublishFailure
 from bandgate.topology import wire
 from bandgate.topology.model import Band
@@ -140,8 +140,8 @@ class Settler:
         await self.publisher.publish(envelope)
 
     async def ack(self, delivery: Delivered, message_id: str) -> bool:
-        """Ack with the acks of the same loop turn (`bandgate.consumers.acks`): an ack has no reply
-        and the connection writes frames in order, so nothing is gained by waiting for it."""
+        """Ack with the acks of the same loop turn (`bandgate.core.protocol.acks`): an ack has
+        no reply and the connection writes frames in order, so nothing is gained by waiting."""
         try:
             if delivery.delivery_tag is None:
                 raise MessageProcessError("a delivery without a delivery tag", delivery)
@@ -221,6 +221,7 @@ def retry_envelope(
         enqueued_at=message.enqueued_at,
         deliver_at=now + timedelta(seconds=retry.delay) if retry.delay > 0 else None,
         partition_key=message.partition_key,
+        tenant=message.tenant,
         attempt=retry.attempt,
         extra_headers=extra,
         raw_body=body,

@@ -32,8 +32,8 @@ from aio_pika.exceptions import ChannelInvalidStateError
 from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic
 
-from bandgate.consumers.acks import Unsettled
-from bandgate.consumers.incoming import Delivered, Incoming
+from bandgate.core.protocol.acks import Unsettled
+from bandgate.core.protocol.deliveries import Delivered, Incoming
 from bandgate.topology import wire
 
 REOPEN_TIMEOUT_SECONDS = 10.0
@@ -77,8 +77,9 @@ class Subscription:
     async def open(self, connection: AbstractConnection, receiver: Receiver) -> int:
         """Consume the queue on a new channel; the number of messages ready just before.
 
-        It consumes with aiormq (`bandgate.consumers.incoming` says why), so a robust channel's own
-        restore does not know the consumer: after a reconnect, `_restore` subscribes again.
+        It consumes with aiormq (`bandgate.core.protocol.deliveries` says why), so a robust
+        channel's own restore does not know the consumer: after a reconnect, `_restore`
+        subscribes again.
         The queue is looked up with aiormq too: a robust channel would declare a queue it
         looked up again at every reconnect, and a reconnect would fail while the queue is gone
         (the subscription, not the connection, waits for it: the runner consumes it again).

@@ -26,9 +26,10 @@ from bandgate.consumers.errors import ConsumerError
 from bandgate.consumers.runner import ConsumerRunner, Timings
 from bandgate.consumers.settings import EventLoopName, WorkerSettings
 from bandgate.consumers.settlement import Settler
-from bandgate.core import amqp_read, cluster_connection
+from bandgate.core import cluster_connection
 from bandgate.core.heap import settle_heap
 from bandgate.core.ledger_follower import LedgerFollower
+from bandgate.core.protocol import frames
 from bandgate.core.publishing import ChannelSet, Publisher, confirm_channel_factory
 from bandgate.core.telemetry import Telemetry
 from bandgate.topology.declare import apply_topology
@@ -124,7 +125,7 @@ class Worker:
             raise ConsumerError("the app has no consumers: decorate a handler with @app.consumer")
         topology = self.app.topology
         if self.settings.fast_frames:
-            amqp_read.install()  # deliveries' frames read without pamqp's generic decoding
+            frames.install()  # deliveries' frames read without pamqp's generic decoding
         self._serve_metrics()
         try:
             connection = await self._connect()

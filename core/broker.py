@@ -14,7 +14,8 @@ import logging
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
-from bandgate.core import cluster_connection, compat
+from bandgate.core import cluster_connection
+from bandgate.core.protocol import compat
 from bandgate.core.publishing import BrokerUnavailable, ChannelSet, Publisher
 from bandgate.core.telemetry import Telemetry
 from bandgate.topology import naming
@@ -39,8 +40,8 @@ def is_blocked(connection: AbstractRobustConnection | None) -> bool:
 
     aiormq tracks Connection.Blocked/Unblocked but keeps it private; a publish on a blocked
     connection waits for the whole confirm timeout, so publishers check first and refuse at
-    once. `core.compat` holds aiormq to the releases that have the attribute, and
-    tests/unit/test_compat.py reads it on a real aiormq connection.
+    once. `core.protocol.compat` holds aiormq to the releases that have the attribute, and
+    tests/unit/test_protocol_compat.py reads it on a real aiormq connection.
     """
     transport = connection.transport if connection else None
     if transport is None:

@@ -30,7 +30,7 @@ from pydantic import Field
 
 from bandgate.core import cluster_connection, error_codes
 from bandgate.core.broker import RECONNECT_INTERVAL_SECONDS, is_blocked
-from bandgate.core.confirm_pipeline import ChannelSet, confirm_channel_factory
+from bandgate.core.protocol.confirms import ChannelSet, confirm_channel_factory
 from bandgate.core.publish_outcomes import (
     BrokerBlocked,
     BrokerUnavailable,
@@ -94,6 +94,7 @@ class BatchMessage(TypedDict, total=False):
     headers: Mapping[str, HeaderValue] | None
     message_id: str | None
     partition_key: str | None
+    tenant: str | None
 
 
 _BATCH_KEYS = BatchMessage.__required_keys__ | BatchMessage.__optional_keys__
@@ -219,13 +220,16 @@ class Producer:
         headers: Mapping[str, HeaderValue] | None = None,
         message_id: str | None = None,
         partition_key: str | None = None,
+        tenant: str | None = None,
     ) -> Published:
         """Publish one message and wait for the broker's confirm, as `POST .../messages` does.
 
         `priority` is 0-9 or an alias (critical=9, high=7, normal=4, low=2, background=0;
         default 4); `delay` (seconds) or `deliver_at` (a datetime with a time zone) hold it
-        back. Raises `InvalidMessage` (`UnknownQueue`, ...) before anything is sent, another
-        `NotEnqueued` when it is certainly not in a queue, `OutcomeUnknown` when it may be.
+        back; `tenant` names whose message it is (a fair band keeps a flooding tenant out of
+        the others' way). Raises `InvalidMessage` (`UnknownQueue`, ...) before anything is
+        sent, another `NotEnqueued` when it is certainly not in a queue, `OutcomeUnknown` when
+        it may be.
         """
         envelope = self._envelope(
             self._spec(queue),
@@ -237,6 +241,7 @@ class Producer:
                 "headers": headers,
                 "message_id": message_id,
                 "partition_key": partition_key,
+                "tenant": tenant,
             },
         )
         self._begin()
@@ -308,6 +313,7 @@ class Producer:
                 headers=options.get("headers"),
                 message_id=options.get("message_id"),
                 partition_key=options.get("partition_key"),
+                tenant=options.get("tenant"),
             )
             payload_body(payload, self.max_body_bytes)
         except MessageInputError as exc:

@@ -17,8 +17,8 @@ from datetime import datetime
 import aiormq
 
 from bandgate.core import error_codes
-from bandgate.core.confirm_pipeline import Confirmation, NotSent
 from bandgate.core.error_codes import ErrorCode, Kind
+from bandgate.core.protocol.confirms import Confirmation, NotSent
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,8 @@ import aio_pika
 import aiormq
 from opentelemetry import trace
 
-from bandgate.core.confirm_pipeline import (  # ChannelSet and the factory are part of this API
+from bandgate.core.fairness import Fairness
+from bandgate.core.protocol.confirms import (  # ChannelSet and the factory are part of this API
     ChannelSet,
     Confirmation,
     ConfirmPipeline,
@@ -76,7 +77,7 @@ class Publisher:
 
     The gateway is CPU-bound, so a publish does little besides the AMQP publish: body plus
     `wire.encode_properties`, with no aio_pika `Message` or `Exchange` object per message; the
-    pipeline writes a loop turn's publishes at once (`core.confirm_pipeline`). A batch
+    pipeline writes a loop turn's publishes at once (`core.protocol.confirms`). A batch
     shares one deadline, one pipeline and one metrics update per band.
     """
 
@@ -94,6 +95,14 @@ class Publisher:
         self._ladder = topology.ladder
         # Queues whose order is publish order: their messages go without the AMQP priority.
         self._fifo = {name for name, spec in topology.queues.items() if spec.ordered}
+        self.fairness = Fairness(
+            [
+                (spec.name, band.name)
+                for spec in topology.queues.values()
+                for band in spec.bands
+                if band.fair
+            ]
+        )
 
     async def publish(self, envelope: Envelope) -> Published:
         """Publish to the envelope's band, through the delay ladder when it is not yet due.
@@ -237,19 +246,20 @@ class Publisher:
         return _Outgoing(envelope, exchange, key, band, body, properties)
 
     def _route(self, envelope: Envelope) -> tuple[str, str, str]:
-        """(exchange, routing key, band name): the band now, or the delay ladder."""
+        """(exchange, routing key, band name): the band now (its noisy lane when the tenant
+        is noisy: `core.fairness`), or the delay ladder (which ends in the band's queue)."""
         band = self.topology.queue(envelope.queue).band_for(envelope.priority).name
         delay_ms = envelope.delay_ms()
         route = (
             self._ladder.route(delay_ms, envelope.queue, envelope.priority) if delay_ms else None
         )
-        if route is None:
-            return (
-                self.topology.exchange,
-                naming.routing_key(envelope.queue, envelope.priority),
-                band,
-            )
-        return route.exchange, route.routing_key, band
+        if route is not None:
+            return route.exchange, route.routing_key, band
+        if self.fairness.noisy(envelope.queue, band, envelope.tenant):
+            key = naming.noisy_routing_key(envelope.queue, envelope.priority)
+        else:
+            key = naming.routing_key(envelope.queue, envelope.priority)
+        return self.topology.exchange, key, band
 
     def _span(self, envelope: Envelope, band: str) -> AbstractContextManager[object]:
         if self.telemetry is None or not self.telemetry.tracing:

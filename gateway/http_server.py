@@ -23,8 +23,9 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from bandgate.core import compat, error_codes
+from bandgate.core import error_codes
 from bandgate.core.error_codes import ErrorCode
+from bandgate.core.protocol import compat
 from bandgate.gateway.errors import error_body
 from bandgate.gateway.settings import GatewaySettings
 

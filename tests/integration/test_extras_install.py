@@ -33,8 +33,8 @@ WORKER_AND_PRODUCER = """
 import sys
 import bandgate
 from bandgate import ConsumerApp, Message, Producer, Reject, Retry, SyncProducer
-import bandgate.consumers.worker, bandgate.core.broker, bandgate.core.confirm_pipeline
-import bandgate.core.amqp_read
+import bandgate.consumers.worker, bandgate.core.broker, bandgate.core.protocol.confirms
+import bandgate.core.protocol.frames
 
 app = ConsumerApp()
 

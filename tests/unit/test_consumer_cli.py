@@ -121,3 +121,27 @@ def _one_consumer_app() -> ConsumerApp:
 
 
 EMPTY = ConsumerApp()
+
+
+@pytest.mark.parametrize(
+    ("environment", "fast_frames"),
+    [
+        ({}, True),
+        ({"BANDGATE_FAST_FRAMES": "false"}, False),
+        ({"BANDGATE_FAST_FRAMES": "true"}, True),
+    ],
+)
+def test_the_worker_command_opts_into_fast_frames_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch, environment: dict[str, str], fast_frames: bool
+) -> None:
+    """`bandgate worker` owns its process, so it reads frames with bandgate's decoder unless
+    `BANDGATE_FAST_FRAMES=false`; a program running a ConsumerApp itself leaves it unset (off)."""
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("bandgate.consumers.cli.Worker", _RecordingWorker)
+    monkeypatch.setattr("bandgate.consumers.cli.load_app", lambda _: _one_consumer_app())
+    _RecordingWorker.settings = []
+    result = CliRunner().invoke(bandgate(), ["worker", "tasks:app"])
+    assert result.exit_code == 0, result.output
+    [settings] = _RecordingWorker.settings
+    assert settings.fast_frames is fast_frames

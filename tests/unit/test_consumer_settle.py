@@ -10,10 +10,10 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from aio_pika.exceptions import ChannelInvalidStateError
 
-from bandgate.consumers.acks import AckWriter, Unsettled
 from bandgate.consumers.decision import Ack, DeadLetter, RetryLater
 from bandgate.consumers.settlement import Settled, Settler
 from bandgate.consumers.testing import make_message
+from bandgate.core.protocol.acks import AckWriter, Unsettled
 from bandgate.core.publishing import ChannelSet, ConfirmTimeout, Published, Publisher
 from bandgate.topology.model import DelaySettings, QueueSpec, Topology
 from bandgate.topology.wire import Envelope

@@ -20,7 +20,6 @@ from aio_pika.abc import AbstractConnection
 
 from bandgate.consumers import ConsumerApp, Message, Reject, Retry
 from bandgate.consumers.decision import Ack, DeadLetter, Outcome, RetryLater
-from bandgate.consumers.incoming import Incoming
 from bandgate.consumers.message import read_message
 from bandgate.consumers.runner import ConsumerRunner
 from bandgate.consumers.settings import WorkerSettings
@@ -28,6 +27,7 @@ from bandgate.consumers.settlement import Settled, Settler
 from bandgate.consumers.subscription import Delivery
 from bandgate.consumers.testing import deliver
 from bandgate.core.ledger_follower import LedgerFollower
+from bandgate.core.protocol.deliveries import Incoming
 from bandgate.core.publishing import ChannelSet, Publisher
 from bandgate.topology import wire
 from bandgate.topology.loader import parse_topology

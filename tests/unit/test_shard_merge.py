@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from bandgate.consumers.incoming import Incoming
 from bandgate.consumers.scheduling import (
     BandBuffer,
     Dispatcher,
@@ -26,6 +25,7 @@ from bandgate.consumers.scheduling import (
     shard_merge,
 )
 from bandgate.consumers.subscription import Delivery, Subscription
+from bandgate.core.protocol.deliveries import Incoming
 from bandgate.topology import wire
 from bandgate.topology.loader import parse_topology
 

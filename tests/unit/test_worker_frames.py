@@ -1,5 +1,7 @@
 """`BANDGATE_FAST_FRAMES`: the one process-wide replacement bandgate makes (pamqp's frame
-decoder, by `core.amqp_read`) happens in a worker's process only when the setting is on."""
+decoder, by `core.protocol.frames`) happens in a worker's process only when the setting is on;
+unset, a worker that a program runs itself leaves pamqp alone (`bandgate worker` turns it on:
+tests/unit/test_consumer_cli.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +12,16 @@ from bandgate.consumers import ConsumerApp, Message
 from bandgate.consumers.errors import ConsumerError
 from bandgate.consumers.settings import WorkerSettings
 from bandgate.consumers.worker import Worker
-from bandgate.core import amqp_read
+from bandgate.core.protocol import frames
 
 
-@pytest.mark.parametrize("fast_frames", [True, False])
+@pytest.mark.parametrize("fast_frames", [True, False, None])
 async def test_a_worker_replaces_pamqps_decoder_only_when_fast_frames_is_on(
-    fast_frames: bool, monkeypatch: pytest.MonkeyPatch
+    fast_frames: bool | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The worker puts `amqp_read.unmarshal` in place of pamqp's as it starts, before it
+    """The worker puts `frames.unmarshal` in place of pamqp's as it starts, before it
     connects (here to a port nobody listens on), or leaves pamqp's alone."""
-    monkeypatch.setattr(pamqp.frame, "unmarshal", amqp_read._PAMQP_UNMARSHAL)
+    monkeypatch.setattr(pamqp.frame, "unmarshal", frames._PAMQP_UNMARSHAL)
     app = ConsumerApp()
 
     @app.consumer("orders")
@@ -33,4 +35,4 @@ async def test_a_worker_replaces_pamqps_decoder_only_when_fast_frames_is_on(
     )
     with pytest.raises(ConsumerError, match="cannot connect"):
         await Worker(app, settings=settings).run()
-    assert (pamqp.frame.unmarshal is amqp_read.unmarshal) is fast_frames
+    assert (pamqp.frame.unmarshal is frames.unmarshal) is bool(fast_frames)

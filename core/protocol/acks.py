@@ -36,7 +36,9 @@ import aiormq
 from aio_pika.exceptions import ChannelInvalidStateError
 from aiormq.abc import AbstractChannel, ChannelFrame
 
-from bandgate.core import compat
+from bandgate.core.protocol import compat
+
+compat.check_amqp()  # this module writes ack frames and reads aiormq's channel close event
 
 log = logging.getLogger(__name__)
 

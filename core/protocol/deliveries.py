@@ -3,7 +3,7 @@
 aio-pika's consumer makes an `IncomingMessage` of every delivery, copying all of its properties
 through a `__setattr__` that checks a lock, and runs the callback in a task of its own on top of
 the one aiormq runs it in: together about a tenth of the worker's CPU per message. A worker
-reads a handful of properties, acks through `bandgate.consumers.acks` and nacks to give a
+reads a handful of properties, acks through `bandgate.core.protocol.acks` and nacks to give a
 message back, so `Incoming` holds just those (`bandgate.consumers.subscription` consumes with
 aiormq).
 
@@ -21,7 +21,7 @@ from aio_pika.exceptions import ChannelInvalidStateError
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
-from bandgate.consumers.acks import Unsettled
+from bandgate.core.protocol.acks import Unsettled
 
 
 class Delivered(Protocol):
@@ -79,7 +79,7 @@ class Incoming:
         self.timestamp: datetime | None = properties.timestamp
         self.redelivered: bool | None = delivery.redelivered
         self._channel = delivered.channel
-        # Its channel's unsettled deliveries, for acks with `multiple` (`bandgate.consumers.acks`).
+        # Its channel's unsettled deliveries, for acks with `multiple` (`core.protocol.acks`).
         self.unsettled = unsettled
         if unsettled is not None and self.delivery_tag is not None:
             unsettled.tags.add(self.delivery_tag)

@@ -23,7 +23,7 @@ from typing import Any
 import pamqp.frame
 from pamqp import commands, header
 
-from bandgate.core import compat
+from bandgate.core.protocol import compat
 
 compat.check_amqp()  # this module reads pamqp's internals
 

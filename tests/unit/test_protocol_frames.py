@@ -1,5 +1,5 @@
-"""bandgate.core.amqp_read reads content header frames itself: for every frame, what it returns
-must be what pamqp returns (or pamqp must be the one to read it), value for value."""
+"""bandgate.core.protocol.frames reads content header frames itself: for every frame, what it
+returns must be what pamqp returns (or pamqp must be the one to read it), value for value."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from bandgate.core import amqp_read
+from bandgate.core.protocol import frames
 
-PAMQP = amqp_read._PAMQP_UNMARSHAL
+PAMQP = frames._PAMQP_UNMARSHAL
 
 scalars = st.one_of(
     st.text(max_size=60),
@@ -70,9 +70,9 @@ def assert_as_pamqp(data: bytes) -> None:
         expected = PAMQP(data)
     except Exception as error:
         with pytest.raises(type(error)):
-            amqp_read.unmarshal(data)
+            frames.unmarshal(data)
         return
-    consumed, channel, frame = amqp_read.unmarshal(data)
+    consumed, channel, frame = frames.unmarshal(data)
     assert (consumed, channel) == expected[:2]
     assert type(frame) is type(expected[2])
     if not isinstance(frame, ContentHeader):
@@ -156,7 +156,7 @@ def test_other_frames_go_to_pamqp() -> None:
     for frame in (deliver, commands.Basic.Ack(3)):
         data = pamqp.frame.marshal(frame, 5)
         assert_as_pamqp(data)
-        assert amqp_read.unmarshal(data)[2].__class__ is type(frame)
+        assert frames.unmarshal(data)[2].__class__ is type(frame)
 
 
 def test_a_delivery_header_as_the_gateway_writes_it() -> None:
@@ -169,7 +169,7 @@ def test_a_delivery_header_as_the_gateway_writes_it() -> None:
         timestamp=datetime(2026, 11, 24, 18, 0, tzinfo=UTC),
     )
     data = pamqp.frame.marshal(ContentHeader(body_size=1024, properties=props), 3)
-    consumed, channel, frame = amqp_read._content_header(data)  # read here, not by pamqp
+    consumed, channel, frame = frames._content_header(data)  # read here, not by pamqp
     assert (consumed, channel) == (len(data), 3)
     assert frame.properties == props
     assert frame.body_size == 1024
@@ -190,7 +190,7 @@ def test_a_deliver_frame_reads_as_pamqp_reads_it(
     deliver = commands.Basic.Deliver(tag, delivery_tag, redelivered, exchange, key)
     data = pamqp.frame.marshal(deliver, channel)
     assert_as_pamqp(data)
-    consumed, read_channel, method = amqp_read._deliver(data, channel, len(data) - 8)  # not pamqp
+    consumed, read_channel, method = frames._deliver(data, channel, len(data) - 8)  # not pamqp
     assert (consumed, read_channel) == (len(data), channel)
     assert isinstance(method, commands.Basic.Deliver)
     for name in commands.Basic.Deliver.__slots__:

@@ -11,7 +11,7 @@ import aiormq
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from bandgate.core.confirm_pipeline import ChannelSet, ConfirmPipeline, confirm_channel_factory
+from bandgate.core.protocol.confirms import ChannelSet, ConfirmPipeline, confirm_channel_factory
 from bandgate.topology import naming, wire
 from bandgate.topology.declare import apply_topology
 from bandgate.topology.model import Topology

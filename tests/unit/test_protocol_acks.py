@@ -1,4 +1,4 @@
-"""bandgate.consumers.acks writes basic.ack frames itself (byte for byte what pamqp writes)
+"""bandgate.core.protocol.acks writes basic.ack frames itself (byte for byte what pamqp writes)
 and a loop turn's acks as one payload per connection, never on a closing channel; acks below
 every delivery still held go out as one `multiple` ack, and no ack ever covers a held one."""
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pamqp import commands
 from pamqp import frame as amqp_frame
 
-from bandgate.consumers.acks import AckWriter, Unsettled, ack_frame
+from bandgate.core.protocol.acks import AckWriter, Unsettled, ack_frame
 
 
 @given(

@@ -2,13 +2,13 @@
 when that code is imported, so that a release that renamed what it reaches into fails at once
 and loudly, not as a silent fallback or a wrong confirm under load.
 
-What each range covers (pyproject.toml pins the same ranges; tests/unit/test_compat.py checks
-they agree):
-- aiormq: `core.confirm_pipeline` writes its channel's confirm bookkeeping (`delivery_tag`,
+What each range covers (pyproject.toml pins the same ranges;
+tests/unit/test_protocol_compat.py checks they agree):
+- aiormq: `core.protocol.confirms` writes its channel's confirm bookkeeping (`delivery_tag`,
   `confirmations`, `message_id_delivery_tag`, `write_queue`); `core.broker` reads a
   connection's unblocked event and the worker's acks a channel's close event, both
   name-mangled privates, read here only (`unblocked_event`, `close_event`).
-- pamqp: `core.amqp_read` decodes frames itself and reads pamqp's frame and header internals.
+- pamqp: `core.protocol.frames` decodes frames itself and reads pamqp's frame and header internals.
 - aio-pika: `core.cluster_connection` and `core.broker` lean on its robust connection.
 - uvicorn: `gateway.http_server` subclasses its httptools protocol.
 

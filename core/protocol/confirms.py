@@ -11,8 +11,8 @@ connection's writer as one payload.
 It keeps aiormq's own confirm bookkeeping (`confirmations`, `message_id_delivery_tag`), so
 aiormq still resolves each future: Basic.Ack, a nack (`DeliveryError`), a return
 (`PublishError`), or the channel's close reason. These are aiormq internals, stable since
-aiormq 6; `core.compat` holds aiormq to the releases this was tested with (pyproject pins the
-same), and the publisher's integration tests cover every outcome against the real library.
+aiormq 6; `core.protocol.compat` holds aiormq to the releases this was tested with (pyproject
+pins the same), and the publisher's integration tests cover every outcome against the real library.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from aiormq.abc import ChannelFrame
 from pamqp import frame as amqp_frame
 from pamqp.body import ContentBody
 
-from bandgate.core import compat
-from bandgate.core.amqp_header import content_header_frame
+from bandgate.core.protocol import compat
+from bandgate.core.protocol.content_header import content_header_frame
 
 compat.check_amqp()  # this module writes aiormq's confirm bookkeeping
 

@@ -1,12 +1,13 @@
-"""The version guard of the protocol code (`bandgate.core.compat`): the installed libraries are
-in its ranges, a release outside them fails loudly at import, and pyproject.toml pins the same
-ranges."""
+"""The version guard of the protocol code (`bandgate.core.protocol.compat`): the installed
+libraries are in its ranges, a release outside them fails loudly at import, and pyproject.toml
+pins the same ranges."""
 
 from __future__ import annotations
 
 import asyncio
 import re
 import tomllib
+from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
 
@@ -14,9 +15,9 @@ import aiormq
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from bandgate.core import compat
 from bandgate.core.broker import is_blocked
-from bandgate.core.compat import IncompatibleLibrary, Supported
+from bandgate.core.protocol import compat
+from bandgate.core.protocol.compat import IncompatibleLibrary, Supported
 from tests.unit.test_floors import ROOT
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -90,9 +91,10 @@ async def test_a_blocked_connection_is_read_from_the_real_aiormq() -> None:
 
 
 def test_a_closing_channel_is_read_from_the_real_aiormq() -> None:
-    """`consumers.acks.closing` reads aiormq's private close event through `core.compat`: the
-    installed release's Channel sets that very attribute when it is made, and the accessor
-    returns it. Every ack a worker sends in the integration tests reads it as well."""
+    """`core.protocol.acks.closing` reads aiormq's private close event through
+    `core.protocol.compat`: the installed release's Channel sets that very attribute when it is
+    made, and the accessor returns it. Every ack a worker sends in the integration tests reads
+    it as well."""
     assert "_Channel__close_event" in aiormq.Channel.__init__.__code__.co_names
     channel = aiormq.Channel.__new__(aiormq.Channel)
     event = asyncio.Event()
@@ -100,3 +102,52 @@ def test_a_closing_channel_is_read_from_the_real_aiormq() -> None:
     assert compat.close_event(channel) is event
     event.set()
     assert compat.close_event(channel).is_set()
+
+
+PRODUCT = ("topology", "core", "gateway", "consumers", "pull", "ops")
+PROTOCOL_HOME = ROOT / "core" / "protocol"
+# The one adapter outside the home: it needs uvicorn, which a worker's install lacks.
+UVICORN_ADAPTER = ROOT / "gateway" / "http_server.py"
+# Modules of a library's internals: frame codecs and uvicorn's protocol classes.
+INTERNAL_IMPORT = re.compile(
+    r"^\s*(?:from|import) (pamqp\.(?:frame|header|body|encode|decode)|uvicorn\.protocols)\b", re.M
+)
+MANGLED = re.compile(r"_[A-Z]\w*__[a-z]\w*")
+
+
+def _product_modules() -> list[Path]:
+    return [path for floor in PRODUCT for path in sorted((ROOT / floor).rglob("*.py"))]
+
+
+def test_private_library_parts_are_touched_only_in_the_protocol_home() -> None:
+    """A name-mangled attribute is read only by `compat`; pamqp's frame codecs and uvicorn's
+    protocol classes are imported only by the protocol home (and uvicorn's by its adapter)."""
+    outside = [
+        f"{path.relative_to(ROOT)}: {match.group(1)}"
+        for path in _product_modules()
+        if PROTOCOL_HOME not in path.parents
+        for match in INTERNAL_IMPORT.finditer(path.read_text())
+        if not (path == UVICORN_ADAPTER and match.group(1) == "uvicorn.protocols")
+    ]
+    mangled = [
+        f"{path.relative_to(ROOT)}: {match.group()}"
+        for path in _product_modules()
+        if path != PROTOCOL_HOME / "compat.py"
+        for match in MANGLED.finditer(path.read_text())
+    ]
+    assert outside == []
+    assert mangled == []
+
+
+def test_every_protocol_module_checks_the_versions_when_imported() -> None:
+    """Each module of the home that reaches into a library calls the guard at import."""
+    reaching = [
+        path.name
+        for path in sorted(PROTOCOL_HOME.glob("*.py"))
+        if path.name not in ("__init__.py", "compat.py", "content_header.py", "deliveries.py")
+    ]
+    assert reaching == ["acks.py", "confirms.py", "frames.py"]
+    for name in reaching:
+        text = (PROTOCOL_HOME / name).read_text()
+        assert "\ncompat.check_amqp()" in text, name
+    assert "compat.check_uvicorn()" in UVICORN_ADAPTER.read_text()

@@ -1,4 +1,4 @@
-"""Acks written together once per loop turn (`consumers.acks`) reach a real broker: every ack
+"""Acks written together once per loop turn (`core.protocol.acks`) reach a real broker: every ack
 of a turn, over several channels, is taken; acks joined into one `multiple` ack settle all but
 the deliveries still held; a channel the broker closed refuses acks, and its messages are
 delivered again."""
@@ -13,7 +13,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 from aio_pika.exceptions import ChannelInvalidStateError
 
-from bandgate.consumers.acks import AckWriter, Unsettled
+from bandgate.core.protocol.acks import AckWriter, Unsettled
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
-"""bandgate.core.amqp_header writes content header frames itself: they must be byte for byte what
-pamqp writes, for every property and header value, including the ones it hands to pamqp; the
-one difference is a top-level float header, written as a 64-bit double, which pamqp must read
-back as the same value."""
+"""bandgate.core.protocol.content_header writes content header frames itself: they must be
+byte for byte what pamqp writes, for every property and header value, including the ones it
+hands to pamqp; the one difference is a top-level float header, written as a 64-bit double,
+which pamqp must read back as the same value."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pamqp import commands
 from pamqp import frame as amqp_frame
 from pamqp.header import ContentHeader
 
-from bandgate.core.amqp_header import content_header_frame
+from bandgate.core.protocol.content_header import content_header_frame
 from bandgate.topology import wire
 
 short_text = st.text(max_size=40)
