@@ -600,10 +600,11 @@ class ConsumerRunner:
         Claims a slot only when it returns; `start` it, or `untake` it."""
         return await self.dispatcher.take()
 
-    def take_nowait(self, *, within_headroom: bool = True) -> tuple[int, Delivery] | None:
-        """`take` without waiting (None: nothing to start now); `within_headroom=False` may
-        take the coldest band's message inside the headroom (a batch filling up)."""
-        return self.dispatcher.take_nowait(headroom=within_headroom)
+    def take_nowait(self) -> tuple[int, Delivery] | None:
+        """`take` without waiting, for a batch that returns at once (None: nothing to start
+        now). It may take the coldest band's message inside the headroom: the headroom keeps
+        slots for hotter work that a waiting taker would start, and a batch keeps none waiting."""
+        return self.dispatcher.take_nowait(headroom=False)
 
     async def untake(self, band: int, delivery: Delivery) -> None:
         """A message `take` handed out that will not start: free its slot, give it back."""

@@ -27,7 +27,7 @@ from bandgate.consumers.runner import ConsumerRunner, Timings
 from bandgate.consumers.settings import EventLoopName, WorkerSettings
 from bandgate.consumers.settlement import Settler
 from bandgate.core import cluster_connection
-from bandgate.core.heap import settle_heap
+from bandgate.core.heap import freeze_startup_heap
 from bandgate.core.ledger_follower import LedgerFollower
 from bandgate.core.protocol import frames
 from bandgate.core.publishing import ChannelSet, Publisher, confirm_channel_factory
@@ -185,7 +185,7 @@ class Worker:
                 await _first_of(starting, self._stop)
                 if not self._stop.is_set():
                     loops = {asyncio.create_task(runner.run()) for runner in self.runners}
-                    settle_heap()
+                    freeze_startup_heap()
                     self.ready.set()
                     log.info("worker ready: %d consumer(s)", len(self.runners))
                     stopped = asyncio.create_task(self._stop.wait())

@@ -37,11 +37,11 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 from bandgate.core.dead_letter_records import DeadLetter, matches, read_dead_letter, replay_envelope
 from bandgate.core.dlq_access import (
     LOCK_WAIT_SECONDS,
+    broker_call,
     depth,
     dlq_channel,
     dlq_lock,
     holding,
-    settle,
 )
 from bandgate.core.publishing import ChannelSet, Publisher, PublishFailure, confirm_channel_factory
 from bandgate.topology import naming, wire
@@ -221,7 +221,7 @@ async def replay(
                         error = f"replaying message {record.message_id} failed: {exc}"
                         break
                     take.settled(message)
-                    await settle(message.ack(), dlq)
+                    await broker_call(message.ack(), dlq)
                     replayed += 1
                 if progress is not None:
                     progress(ReplayProgress(take.taken, replayed, skipped, total))
@@ -245,8 +245,8 @@ async def purge(
     spec = topology.queue(queue)
     dlq = naming.dead_letter_queue(spec.name)
     async with _locked(connection, spec, lock_wait) as channel:
-        underlay = await settle(channel.get_underlay_channel(), dlq)
-        result = await settle(underlay.queue_purge(dlq), dlq)
+        underlay = await broker_call(channel.get_underlay_channel(), dlq)
+        result = await broker_call(underlay.queue_purge(dlq), dlq)
     return int(result.message_count or 0)
 
 

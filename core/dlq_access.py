@@ -79,7 +79,7 @@ _LOCK_TAKEN = (
 )
 
 
-async def settle(awaitable: Awaitable[T], dlq: str) -> T:
+async def broker_call(awaitable: Awaitable[T], dlq: str) -> T:
     """Await a broker call, turning its failures into `DeadLetterError`s."""
     try:
         result = await awaitable
@@ -110,7 +110,7 @@ async def _close(channel: AbstractChannel) -> None:
 
 @contextlib.asynccontextmanager
 async def dlq_channel(connection: AbstractConnection, dlq: str) -> AsyncIterator[AbstractChannel]:
-    channel = await settle(_open(connection), dlq)
+    channel = await broker_call(_open(connection), dlq)
     try:
         yield channel
     finally:
@@ -119,8 +119,8 @@ async def dlq_channel(connection: AbstractConnection, dlq: str) -> AsyncIterator
 
 async def depth(channel: AbstractChannel, dlq: str) -> int:
     """Ready messages in `dlq` now (a fresh passive declare, never aio-pika's cached one)."""
-    underlay = await settle(channel.get_underlay_channel(), dlq)
-    declared = await settle(underlay.queue_declare(dlq, passive=True), dlq)
+    underlay = await broker_call(channel.get_underlay_channel(), dlq)
+    declared = await broker_call(underlay.queue_declare(dlq, passive=True), dlq)
     return int(declared.message_count or 0)
 
 
@@ -154,7 +154,7 @@ async def dlq_lock(
 async def _try_lock(
     connection: AbstractConnection, lock: str, dlq: str
 ) -> tuple[AbstractChannel, AbstractQueue, str] | None:
-    channel = await settle(_open(connection), dlq)
+    channel = await broker_call(_open(connection), dlq)
     try:
         queue = await channel.declare_queue(
             lock, durable=False, auto_delete=True, arguments={"x-expires": LOCK_EXPIRES_MS}
@@ -193,9 +193,9 @@ class Taker:
     async def __call__(self) -> AbstractIncomingMessage | None:
         if self.taken >= self.total:
             return None
-        queue = await settle(self.channel.get_queue(self.dlq, ensure=False), self.dlq)
+        queue = await broker_call(self.channel.get_queue(self.dlq, ensure=False), self.dlq)
         fetch = asyncio.ensure_future(
-            settle(queue.get(no_ack=False, fail=False, timeout=GET_TIMEOUT_SECONDS), self.dlq)
+            broker_call(queue.get(no_ack=False, fail=False, timeout=GET_TIMEOUT_SECONDS), self.dlq)
         )
         try:
             message: AbstractIncomingMessage | None = await asyncio.shield(fetch)
@@ -269,7 +269,7 @@ async def return_in_order(channel: AbstractChannel, dlq: str, tags: list[int]) -
     counted (see the module docstring); at most RETURN_TIMEOUT_SECONDS of waiting."""
     if not tags:
         return
-    underlay = await settle(channel.get_underlay_channel(), dlq)
+    underlay = await broker_call(channel.get_underlay_channel(), dlq)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + RETURN_TIMEOUT_SECONDS
     expected = await depth(channel, dlq)
@@ -277,7 +277,7 @@ async def return_in_order(channel: AbstractChannel, dlq: str, tags: list[int]) -
     for start in range(0, len(tags), RETURN_BATCH):
         batch = tags[start : start + RETURN_BATCH]
         for tag in batch:
-            await settle(underlay.basic_nack(tag, multiple=False, requeue=True), dlq)
+            await broker_call(underlay.basic_nack(tag, multiple=False, requeue=True), dlq)
         expected += len(batch)
         if waiting and not await _counted(channel, dlq, expected, deadline):
             # Someone else consumes the DLQ, or the broker is overloaded.
@@ -318,5 +318,5 @@ __all__ = [
     "dlq_lock",
     "holding",
     "return_in_order",
-    "settle",
+    "broker_call",
 ]

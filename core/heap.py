@@ -14,19 +14,19 @@ import gc
 
 YOUNG_THRESHOLD = 50_000
 
-_settled = False
+_frozen = False
 
 
-def settle_heap() -> None:
+def freeze_startup_heap() -> None:
     """Freeze what exists now (start-up is done) and collect the young generation rarely.
 
     Frozen objects are never scanned by the collector again (reference counting still frees
     them). Runs once per process: the first server started in it (tests start many) decides.
     """
-    global _settled
-    if _settled:
+    global _frozen
+    if _frozen:
         return
-    _settled = True
+    _frozen = True
     gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()

@@ -14,11 +14,13 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
+from bandgate.core import error_codes
 from bandgate.core.broker import BrokerLink
-from bandgate.core.heap import settle_heap
+from bandgate.core.heap import freeze_startup_heap
 from bandgate.core.telemetry import Telemetry
 from bandgate.gateway import log_lines
 from bandgate.gateway.auth import Authenticator, AuthMiddleware
+from bandgate.gateway.budgets import Window
 from bandgate.gateway.console import console_routes
 from bandgate.gateway.cross_site import CrossSiteGuard
 from bandgate.gateway.dlq_routes import dlq_routes, finish_dead_letter_work
@@ -86,11 +88,17 @@ def create_app(
         app.state.link = link
         app.state.telemetry = metrics
         app.state.authenticator = authenticator
+        app.state.tombstone_budget = Window(
+            resolved.max_tombstones_per_token,
+            model.ledger.max_age_seconds,
+            error_codes.TOO_MANY_TOMBSTONES,
+            "tombstones",
+        )
         app.state.extensions = tuple(extensions)
         await link.start(wait=connect_wait)
         for extension in extensions:
             await extension.start(app.state)
-        settle_heap()
+        freeze_startup_heap()
         try:
             yield
         finally:
