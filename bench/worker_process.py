@@ -150,6 +150,7 @@ async def run_bandgate(config: WorkerConfig, recorder: Recorder) -> None:
         shutdown_grace_seconds=2.0,
         follow_ledger=config.follow_ledger,
         ledger_catchup_seconds=config.ledger_catchup_seconds,
+        fast_frames=True,  # as the `bandgate worker` command runs it
     )
     app = ConsumerApp(settings)
     pause = config.handler_ms / 1000
