@@ -63,9 +63,10 @@ class ConsumerOptions:
 
     def held(self, spec: QueueSpec, concurrency: int | None = None) -> tuple[int, ...]:
         """The most messages per band (hottest first) a worker holds: a sharded band's prefetch
-        is split over its shards, rounded up (`scheduling.shard_prefetch`)."""
+        is split over its shards, rounded up (`scheduling.shard_prefetch`); a fair band's
+        noisy lane has the band's prefetch too."""
         return tuple(
-            band.shards * shard_prefetch(prefetch, band.shards)
+            len(spec.band_queues(band)) * shard_prefetch(prefetch, band.shards)
             for band, prefetch in zip(spec.bands, self.prefetch(spec, concurrency), strict=True)
         )
 

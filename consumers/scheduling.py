@@ -158,6 +158,18 @@ slots, and cold work gives them back as it ends; and `rho^r <= 1 %` alone, which
 and, under saturation, `C - floor`, holding cold work to its floor while hotter work waited
 for its own slots anyway.
 
+Noisy lane
+----------
+A `fair` band is two queues, its own and its noisy lane (`QueueSpec.band_queues`), where the
+publishers send the messages of the tenants they found noisy (`bandgate.core.fairness`). The
+band's buffer keeps a sequence for each, and a free slot starts the band's queue's head first,
+the lane's when the band's queue has nothing at hand, and the lane's once in every `LANE_EVERY`
+starts of the band while both have work (`BandBuffer`), so the noisy tenant is never starved:
+it gets at least 1 in `LANE_EVERY` of the band's starts however busy the quiet tenants keep it.
+Work-conserving (a slot never waits while either has a message at hand) and one band for the
+waterfall: the lane ranks with its band. Fair bands are refused on ordered queues (a tenant
+moving to the lane would reorder its keys), so per-key order is not at stake.
+
 Refill probe
 ------------
 Asking the broker whether a band that ran dry has more: the dispatcher's `questions`.
@@ -197,6 +209,10 @@ T = TypeVar("T")
 AVERAGE_SECONDS = 1.0  # time constant of the measured hotter share of starts and load
 WAIT_CHANCE = 0.01  # at most this share of hotter starts waits longer than one end's gap
 IDLE_AFTER = 0.5  # default seconds without a hotter arrival before cold work fills every slot
+# A fair band's noisy lane starts at least 1 in this many of the band's messages while the
+# band's own queue has work too: a noisy tenant keeps 10 % of the band, a tenant's share of
+# ten, however busy the quiet tenants are.
+LANE_EVERY = 10
 
 
 def floor(slots: int) -> int:
@@ -331,10 +347,14 @@ class ShardMerge(Generic[T]):
     shards: Sequence[int]  # queues per band, hottest band first
     source: Callable[[T], int]  # the index of the queue (shard) an item came from
     rank: Callable[[T], Rank]
+    lanes: Sequence[bool] = ()  # per band: its second queue is a noisy lane (default: none)
 
 
 class BandBuffer(Generic[T]):
-    """The messages of one band at hand in a worker, a sequence per queue of the band."""
+    """The messages of one band at hand in a worker, a sequence per queue of the band.
+
+    `lane_every` > 0: the band is fair, its two queues the band's own and the noisy lane,
+    and the lane's head goes first once in `lane_every` starts ("Noisy lane")."""
 
     def __init__(
         self,
@@ -342,9 +362,14 @@ class BandBuffer(Generic[T]):
         key: Callable[[T], str | None] = lambda _: None,
         source: Callable[[T], int] = lambda _: 0,
         rank: Callable[[T], Rank] = lambda _: (0, 0.0),
+        lane_every: int = 0,
     ) -> None:
         if shards < 1:
             raise ValueError("a band has at least one queue")
+        if lane_every and shards != 2:
+            raise ValueError("a fair band is its queue and its noisy lane")
+        self._lane_every = lane_every
+        self._since_lane = 0  # starts from the band's queue since the lane's last
         self._sequences: list[deque[T]] = [deque() for _ in range(shards)]
         self._key = key
         self._source = source if shards > 1 else lambda _: 0
@@ -375,6 +400,8 @@ class BandBuffer(Generic[T]):
                 return _FIRST
             position = self._first_free(sequence, busy)
             return None if position is None else (0, position)
+        if self._lane_every:
+            return self._lane_head(busy)
         best: tuple[int, int] | None = None
         best_rank: Rank | None = None
         for shard, sequence in enumerate(self._sequences):
@@ -385,6 +412,14 @@ class BandBuffer(Generic[T]):
             if best_rank is None or rank < best_rank:  # ties: the lower shard
                 best, best_rank = (shard, position), rank
         return best
+
+    def _lane_head(self, busy: Container[str]) -> tuple[int, int] | None:
+        """The band's queue's first free item, unless it has none or it is the lane's turn."""
+        main = self._first_free(self._sequences[0], busy)
+        lane = self._first_free(self._sequences[1], busy)
+        if lane is not None and (main is None or self._since_lane + 1 >= self._lane_every):
+            return (1, lane)
+        return None if main is None else (0, main)
 
     def at_hand(self, busy: Container[str]) -> list[T]:
         """Every item whose key is not `busy`, shard by shard (for measuring the merge)."""
@@ -397,6 +432,8 @@ class BandBuffer(Generic[T]):
         item = sequence[position]
         del sequence[position]
         self._count -= 1
+        if self._lane_every:
+            self._since_lane = 0 if shard else self._since_lane + 1
         return item
 
     def discard(self, drop: Callable[[T], bool]) -> list[T]:
@@ -568,7 +605,13 @@ class Dispatcher(Generic[T]):
         self._buffers: list[BandBuffer[T]] = [
             BandBuffer(key=key)
             if merge is None
-            else BandBuffer(merge.shards[band], key, merge.source, merge.rank)
+            else BandBuffer(
+                merge.shards[band],
+                key,
+                merge.source,
+                merge.rank,
+                LANE_EVERY if band < len(merge.lanes) and merge.lanes[band] else 0,
+            )
             for band in range(bands)
         ]
         self._running = 0
@@ -771,9 +814,10 @@ def shard_merge(spec: QueueSpec) -> ShardMerge[Delivery]:
         return delivery._rank
 
     return ShardMerge(
-        shards=tuple(band.shards for band in spec.bands),
+        shards=tuple(len(spec.band_queues(band)) for band in spec.bands),
         source=lambda delivery: delivery.subscription.shard,
         rank=rank,
+        lanes=tuple(band.fair for band in spec.bands),
     )
 
 
@@ -884,6 +928,7 @@ class RefillProbe:
 
 __all__ = [
     "IDLE_AFTER",
+    "LANE_EVERY",
     "POLICIES",
     "SERIAL_KEY",
     "WAIT_CHANCE",

@@ -94,6 +94,7 @@ class SyncProducer:
         headers: Mapping[str, HeaderValue] | None = None,
         message_id: str | None = None,
         partition_key: str | None = None,
+        tenant: str | None = None,
     ) -> Published:
         """`Producer.publish`, blocking until the broker confirmed or the publish failed."""
         return self._call(
@@ -106,6 +107,7 @@ class SyncProducer:
                 headers=headers,
                 message_id=message_id,
                 partition_key=partition_key,
+                tenant=tenant,
             )
         )
 

@@ -182,6 +182,7 @@ def _refine_publish(schema: dict[str, Any], max_delay_seconds: float | None) -> 
         "UTF-8, unique within a batch; a new id when omitted"
     )
     _value(props["partition_key"])["pattern"] = PRINTABLE
+    _value(props["tenant"])["pattern"] = PRINTABLE
     # delay_seconds and deliver_at exclude each other: one of them is absent or null.
     schema["anyOf"] = [
         {"properties": {"delay_seconds": {"type": "null"}}},

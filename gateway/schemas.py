@@ -29,6 +29,7 @@ from bandgate.topology.model import QueueSpec, Topology
 from bandgate.topology.publish_input import (
     MAX_ID_LENGTH,
     MAX_PARTITION_KEY,
+    MAX_TENANT,
     MessageInputError,
     envelope_for,
 )
@@ -77,6 +78,11 @@ class PublishRequest(BaseModel):
     )
     message_id: Annotated[str, _limits(minLength=1, maxLength=MAX_ID_LENGTH)] | None = None
     partition_key: Annotated[str, _limits(minLength=1, maxLength=MAX_PARTITION_KEY)] | None = None
+    tenant: Annotated[str, _limits(minLength=1, maxLength=MAX_TENANT)] | None = Field(
+        default=None,
+        description="whose message it is: a fair band keeps a tenant that floods out of the "
+        "other tenants' way",
+    )
 
 
 class BatchRequest(BaseModel):
@@ -157,6 +163,7 @@ def parse_publish(data: Any, spec: QueueSpec, topology: Topology, prefix: str = 
             headers=request.headers,
             message_id=request.message_id,
             partition_key=request.partition_key,
+            tenant=request.tenant,
         )
     except MessageInputError as exc:
         field = f"{prefix}.{exc.field}" if prefix else exc.field

@@ -60,6 +60,11 @@ class Band(_Frozen):
         le=MAX_SHARDS,
         description="queues the band is spread over, by a consistent hash of the shard key",
     )
+    fair: bool = Field(
+        default=False,
+        description="fair among tenants: a noisy tenant's messages go to a second queue, the "
+        "noisy lane, which workers take after the band's own queue (docs/guides/tenants.md)",
+    )
 
     @field_validator("priorities")
     @classmethod
@@ -71,6 +76,15 @@ class Band(_Frozen):
         if low > high:
             raise ValueError(f"priorities [{low}, {high}] must be [lowest, highest]")
         return priorities
+
+    @model_validator(mode="after")
+    def _fair_is_one_queue(self) -> Band:
+        if self.fair and self.shards != 1:
+            raise ValueError(
+                f"band {self.name!r} is fair and has shards = {self.shards}: a fair band is one "
+                "queue and its noisy lane; remove shards or fair"
+            )
+        return self
 
     @property
     def low(self) -> int:
@@ -192,6 +206,13 @@ class QueueSpec(_Frozen):
                 "failure_strategy out (failures of other queues are retried through the delay "
                 "exchanges)"
             )
+        fair = [band.name for band in self.bands if band.fair]
+        if fair and self.ordered:
+            raise ValueError(
+                f"band {fair[0]!r} is fair, but the queue is ordered: a tenant found noisy moves "
+                "to the noisy lane, and its messages there would overtake or fall behind those "
+                "of the same key in the band's queue; remove fair or ordered"
+            )
         if not self.ordering_required:
             return self
         if not self.ordered:
@@ -234,7 +255,13 @@ class QueueSpec(_Frozen):
         return self.failure_strategy or DEFAULT_FAILURE_STRATEGY
 
     def band_queues(self, band: Band) -> tuple[str, ...]:
-        """The RabbitMQ queues holding `band`'s messages: its queue, or its shards in order."""
+        """The RabbitMQ queues holding `band`'s messages: its queue, or its shards in order;
+        a fair band's queue and then its noisy lane."""
+        if band.fair:
+            return (
+                naming.band_queue(self.name, band.name),
+                naming.noisy_lane(self.name, band.name),
+            )
         if band.shards == 1:
             return (naming.band_queue(self.name, band.name),)
         return tuple(naming.shard_queue(self.name, band.name, i) for i in range(band.shards))

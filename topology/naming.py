@@ -47,6 +47,22 @@ def shard_queue(queue: str, band: str, shard: int) -> str:
     return f"{queue}.{band}.{shard}"
 
 
+# The first word of a routing key that sends a message of a fair band to its noisy lane; the
+# last two words stay `<queue>.<priority>`.
+NOISY_LANE_WORD = "noisy"
+
+
+def noisy_lane(queue: str, band: str) -> str:
+    """The second queue of a `fair` band: the messages of the tenants found noisy while
+    publishing wait here, out of the quiet tenants' way (`core.fairness`)."""
+    return f"{queue}.{band}.{NOISY_LANE_WORD}"
+
+
+def noisy_routing_key(queue: str, priority: int) -> str:
+    """Key a noisy tenant's message for `queue` at `priority` goes to its band's noisy lane with."""
+    return f"{NOISY_LANE_WORD}.{routing_key(queue, priority)}"
+
+
 def shard_exchange(exchange: str, queue: str, band: str) -> str:
     """Consistent-hash exchange spreading a sharded band's messages over its shard queues.
 

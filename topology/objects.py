@@ -190,6 +190,9 @@ def plan(topology: Topology) -> Plan:
                 bindings.append(BindingDecl(exchange, target, key, kind))
                 pattern = naming.delay_exit_pattern(spec.name, priority)
                 bindings.append(BindingDecl(exit_exchange, target, pattern, kind))
+                if band.fair:  # only a publish that found its tenant noisy routes here
+                    noisy = naming.noisy_routing_key(spec.name, priority)
+                    bindings.append(BindingDecl(exchange, band_queues[1], noisy))
         dlq = naming.dead_letter_queue(spec.name)
         queues.append(QueueDecl(dlq, _quorum()))
         bindings.append(BindingDecl(dead, dlq, spec.name))

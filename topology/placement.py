@@ -87,9 +87,9 @@ def _shards(topology: Topology, leaders: Mapping[str, str], nodes: int) -> list[
     findings = []
     for spec in topology.queues.values():
         for band in spec.bands:
-            shards = spec.band_queues(band)
-            if len(shards) < 2:
+            if band.shards < 2:
                 continue
+            shards = spec.band_queues(band)
             on = {leaders[name] for name in shards if name in leaders}
             if len(on) < min(len(shards), nodes):
                 findings.append(

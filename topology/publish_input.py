@@ -33,6 +33,7 @@ MAX_HEADER_VALUE = 4096
 MAX_ID_LENGTH = 128
 MAX_ID_BYTES = 255  # message_id travels as an AMQP short string
 MAX_PARTITION_KEY = 256
+MAX_TENANT = 128  # printable characters, like a message id: an AMQP header of few bytes
 INT64 = 2**63
 # The gateway's default body limit (`BANDGATE_MAX_BODY_BYTES`); the producer's too.
 MAX_BODY_BYTES = 256 * 1024
@@ -70,6 +71,7 @@ def envelope_for(
     headers: object = None,
     message_id: object = None,
     partition_key: object = None,
+    tenant: object = None,
 ) -> Envelope:
     """One message for the queue `spec`, or `MessageInputError` for the first rule its input
     breaks (in the order of the HTTP body's fields). A delay of 0 means now; the payload is
@@ -79,6 +81,7 @@ def envelope_for(
     checked_headers = _headers(headers)
     checked_id = _message_id(message_id)
     key = _text(partition_key, "partition_key", MAX_PARTITION_KEY)
+    checked_tenant = _text(tenant, "tenant", MAX_TENANT)
     try:
         level = parse_priority(priority)
     except PriorityError as exc:
@@ -93,6 +96,7 @@ def envelope_for(
         deliver_at=_due_time(topology, enqueued_at, delay, due),
         headers=checked_headers,
         partition_key=key,
+        tenant=checked_tenant,
     )
 
 

@@ -24,6 +24,9 @@ HEADER_PREFIX = "x-bandgate-"
 ENQUEUED_AT = "x-bandgate-enqueued-at"  # milliseconds since the epoch, UTC
 DELIVER_AT = "x-bandgate-deliver-at"  # milliseconds since the epoch, UTC
 PARTITION_KEY = "x-bandgate-partition-key"
+# Whose message it is, among the many tenants sharing a queue: a fair band keeps a tenant that
+# floods out of the others' way (`core.fairness`). Copies (retries, dead letters) keep it.
+TENANT = "x-bandgate-tenant"
 # What a sharded band hashes to pick the shard: the partition key, or the message id when there
 # is none. Every message carries it, so a band can be sharded without changing any publisher.
 SHARD_KEY = "x-bandgate-shard-key"
@@ -127,6 +130,7 @@ class Envelope:
     deliver_at: datetime | None = None
     headers: Mapping[str, HeaderValue] = field(default_factory=dict)
     partition_key: str | None = None
+    tenant: str | None = None
     attempt: int = 1
     extra_headers: Mapping[str, Any] = field(default_factory=dict)
 
@@ -162,6 +166,8 @@ def encode_properties(envelope: Envelope, *, broker_priority: bool = True) -> sp
         headers[DELIVER_AT] = to_millis(envelope.deliver_at)
     if envelope.partition_key is not None:
         headers[PARTITION_KEY] = envelope.partition_key
+    if envelope.tenant is not None:
+        headers[TENANT] = envelope.tenant
     headers[SHARD_KEY] = envelope.shard_key
     for name in (*BROKER_DEATH_HEADERS, DELIVERY_COUNT):
         headers.pop(name, None)
