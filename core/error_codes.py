@@ -165,6 +165,20 @@ TOO_MANY_AUTH_FAILURES = _code(
 TOO_MANY_LEASES = _code(
     "too_many_leases", 429, _NOT_ENQUEUED, "the token holds as many leases as it may"
 )
+TOO_MANY_RECEIVES = _code(
+    "too_many_receives",
+    429,
+    _NOT_ENQUEUED,
+    "the token (or all tokens together) has as many receives open in this gateway process as "
+    "it may (BANDGATE_PULL_MAX_WAITING_PER_TOKEN)",
+)
+TOO_MANY_TOMBSTONES = _code(
+    "too_many_tombstones",
+    429,
+    _NOT_ENQUEUED,
+    "the token wrote as many tombstones (cancels, replaces, escalates) in the ledger's "
+    "retention window as it may (BANDGATE_MAX_TOMBSTONES_PER_TOKEN); nothing was written",
+)
 # 500 and 503: the gateway or the broker.
 INTERNAL_ERROR = _code(
     "internal_error",

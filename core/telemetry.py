@@ -92,6 +92,16 @@ class Telemetry:
             ("queue", "reason"),
             registry=registry,
         )
+        self.token_refused = Counter(
+            "bandgate_token_refused",
+            "requests a per-token limit refused (429), by token name and code",
+            ("token", "code"),
+            registry=registry,
+        )
+        self.receives_open = Gauge(
+            "bandgate_receives_open", "HTTP receives (long polls) open now, all tokens",
+            registry=registry,
+        )  # fmt: skip
         self.consumed = Counter(
             "bandgate_consumed", "messages handled, by outcome", (*band, "outcome"),
             registry=registry,

@@ -205,12 +205,12 @@ class AuthMiddleware:
             principal = self.authenticator.authenticate(
                 request.headers.get("authorization"), client
             )
+            scope.setdefault("state", {})["principal"] = principal  # its 429s count under it
             self.authenticator.admit(principal)
         except ApiError as error:
             count_rejected(request, error.code)
             await error_response(error)(scope, receive, send)
             return
-        scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
 
 

@@ -77,7 +77,9 @@ async def api_error_handler(request: Request, exc: Exception) -> Response:
 
 
 def count_rejected(request: Request, code: str, amount: int = 1) -> None:
-    """Count a refused request by reason; unknown queue names are not used as labels."""
+    """Count a refused request by reason; unknown queue names are not used as labels. A 429
+    is counted under its token's name too (names are configured, so their number is bounded):
+    which tenant runs into its limits."""
     telemetry = getattr(request.app.state, "telemetry", None)
     if telemetry is None:
         return
@@ -85,6 +87,9 @@ def count_rejected(request: Request, code: str, amount: int = 1) -> None:
     if queue not in request.app.state.topology.queues:
         queue = "-"
     telemetry.rejected.labels(queue, code).inc(amount)
+    principal = request.scope.get("state", {}).get("principal")
+    if principal is not None and error_codes.lookup(code).status == 429:
+        telemetry.token_refused.labels(principal.name, code).inc(amount)
 
 
 _HTTP_CODES = {

@@ -19,6 +19,7 @@ from starlette.routing import BaseRoute, Route
 from bandgate.core import error_codes, ledger
 from bandgate.core.publishing import PublishFailure
 from bandgate.gateway.auth import authorize
+from bandgate.gateway.budgets import Window
 from bandgate.gateway.errors import ApiError
 from bandgate.gateway.routes import (
     ensure_connected,
@@ -54,6 +55,14 @@ def _message_id(request: Request, spec: QueueSpec) -> str:
     return message_id
 
 
+def _charge_tombstone(request: Request) -> None:
+    """One tombstone of the token's budget (`GatewaySettings.max_tombstones_per_token`), taken
+    before anything is published: the ledger stream is trimmed by bytes, so tombstones
+    written without a bound would push other tenants' out before their retention ends."""
+    budget: Window = request.app.state.tombstone_budget
+    budget.take(request.state.principal.name)
+
+
 def _target(request: Request) -> tuple[QueueSpec, str]:
     """Authorized, a known queue and a valid id, in the order the publish route checks."""
     authorize(request, "publish", request.path_params["queue"])
@@ -65,6 +74,7 @@ async def cancel(request: Request) -> Response:
     spec, message_id = _target(request)
     link = link_of(request)
     ensure_connected(link)
+    _charge_tombstone(request)
     entry = ledger.cancel(spec.name, message_id)
     try:
         await link.publisher.record(entry.encode())
@@ -136,6 +146,7 @@ async def _publish_generation(
     envelope = dataclasses.replace(envelope, extra_headers={wire.GENERATION: generation})
     link = link_of(request)
     ensure_connected(link)
+    _charge_tombstone(request)
     try:
         result = await link.publisher.publish(envelope)
     except PublishFailure as failure:

@@ -239,6 +239,7 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
                 _ok("Cancelled", "the cancel is in the ledger", 202),
                 errors=(403, 404, 422, 503),
                 query=(_MESSAGE_ID,),
+                more={429: (codes.TOO_MANY_TOMBSTONES,)},
                 about="Writes a tombstone that makes consumers skip every copy of the id "
                 "published before it that they have not started; a later replace runs. The "
                 "ledger cannot tell an id never published, or already handled, from a pending "
@@ -253,7 +254,7 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
                 query=(_MESSAGE_ID,),
                 body="PublishRequest",
                 about=_GENERATION,
-                more={503: (codes.TOMBSTONE_NOT_WRITTEN,)},
+                more={429: (codes.TOO_MANY_TOMBSTONES,), 503: (codes.TOMBSTONE_NOT_WRITTEN,)},
             ),
         },
         "/v1/queues/{queue}/messages/{message_id}/escalate": {
@@ -270,6 +271,7 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
                 f"again, with `priority` or `band` (exactly one). {_GENERATION}",
                 more={
                     422: (codes.MESSAGE_REQUIRED,),
+                    429: (codes.TOO_MANY_TOMBSTONES,),
                     503: (codes.TOMBSTONE_NOT_WRITTEN,),
                 },
             )

@@ -68,3 +68,10 @@ class GatewaySettings(BrokerSettings):
         "costs one per message",
     )
     rate_limit_burst: int = Field(default=100, ge=1, description="token bucket size")
+    max_tombstones_per_token: int = Field(
+        default=10_000,
+        ge=1,
+        description="tombstones (cancels, replaces, escalates) one token may write per process "
+        "in the ledger's retention window; then 429 too_many_tombstones. Keep tokens x "
+        "processes x this x 290 bytes below the ledger's max_bytes (docs/guides/limits.md)",
+    )

@@ -31,7 +31,9 @@ class PullExtension:
         return routes.routes()
 
     async def start(self, state: State) -> None:
-        self.receivers = Receivers(state.link, self.settings, state.telemetry)
+        self.receivers = Receivers(
+            state.link, self.settings, state.telemetry, state.settings.max_connections
+        )
         state.receivers = self.receivers
 
     def document(self, openapi: dict[str, Any]) -> None:

@@ -152,9 +152,16 @@ def document(openapi: dict[str, Any], settings: PullSettings) -> None:
                 body="ReceiveRequest",
                 errors={
                     429: (
-                        (codes.RATE_LIMITED, codes.TOO_MANY_AUTH_FAILURES, codes.TOO_MANY_LEASES),
+                        (
+                            codes.RATE_LIMITED,
+                            codes.TOO_MANY_AUTH_FAILURES,
+                            codes.TOO_MANY_LEASES,
+                            codes.TOO_MANY_RECEIVES,
+                        ),
                         f" A token may hold {settings.token_lease_limit} leases in this "
-                        "gateway process: settle some first. See Retry-After.",
+                        "gateway process: settle some first; and have "
+                        f"{settings.max_waiting_per_token} receives open at once (at most a "
+                        "quarter of the process's connections). See Retry-After.",
                     ),
                 },
                 note=" Without a visibility_timeout a lease lasts "

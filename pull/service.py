@@ -19,9 +19,11 @@ from aio_pika.abc import AbstractConnection
 from aio_pika.exceptions import ChannelInvalidStateError
 
 from bandgate.consumers import Ack, DeadLetter, GiveBack, Outcome, RetryLater, Settler, Tombstones
+from bandgate.core import error_codes
 from bandgate.core.broker import BrokerLink
 from bandgate.core.ledger_follower import LedgerFollower
 from bandgate.core.telemetry import Telemetry
+from bandgate.gateway.budgets import Seats
 from bandgate.gateway.errors import ApiError
 from bandgate.pull.leases import Acked, Lease, LeaseBook, LeaseEnd, LeaseGone, Released
 from bandgate.pull.mailbox import Answer, Command, HolderGone, Mailbox
@@ -69,11 +71,15 @@ class Receivers:
         link: BrokerLink,
         settings: PullSettings,
         telemetry: Telemetry | None,
+        max_connections: int,
         replica: str | None = None,
     ) -> None:
+        """`max_connections`: the process's (`PullSettings.receive_seats`)."""
         self.link = link
         self.settings = settings
         self.telemetry = telemetry
+        per_token, total = settings.receive_seats(max_connections)
+        self.seats = Seats(per_token, total, error_codes.TOO_MANY_RECEIVES, "receives")
         self.replica = replica or new_replica_id()
         self.book = LeaseBook(Signer(self.replica))
         self._settler = Settler(link.publisher)
@@ -141,6 +147,20 @@ class Receivers:
         return queue
 
     async def receive(
+        self, spec: QueueSpec, count: int, wait: float, visibility: float, owner: str
+    ) -> list[Lease]:
+        """Lease up to `count` messages for `owner`, waiting up to `wait` s for the first, in
+        one of the token's seats (`PullSettings.receive_seats`)."""
+        with self.seats.taken(owner):
+            if self.telemetry is not None:
+                self.telemetry.receives_open.set(len(self.seats))
+            try:
+                return await self._receive(spec, count, wait, visibility, owner)
+            finally:
+                if self.telemetry is not None:
+                    self.telemetry.receives_open.set(len(self.seats) - 1)
+
+    async def _receive(
         self, spec: QueueSpec, count: int, wait: float, visibility: float, owner: str
     ) -> list[Lease]:
         allowed = self.settings.token_lease_limit

@@ -31,6 +31,13 @@ class PullSettings(BaseSettings):
         description="leases one token may hold at once, per process; never more than half of "
         "max_leases, so that one token cannot hold every lease of a queue",
     )
+    max_waiting_per_token: int = Field(
+        default=32,
+        ge=1,
+        description="receives (long polls) one token may have open at once, per process; "
+        "never more than a quarter of BANDGATE_MAX_CONNECTIONS, and all tokens together at "
+        "most half of it",
+    )
     default_visibility_seconds: float = Field(
         default=30, gt=0, le=MAX_VISIBILITY_SECONDS, description="when a receive names none"
     )
@@ -66,6 +73,18 @@ class PullSettings(BaseSettings):
         """The leases one token may hold in this process: its own limit, capped at half of a
         queue's, so the other tokens of a queue always find seats."""
         return max(1, min(self.max_leases_per_token, self.max_leases // 2))
+
+    def receive_seats(self, max_connections: int) -> tuple[int, int]:
+        """(per token, all tokens): the receives open at once in a process that serves
+        `max_connections` connections and requests (uvicorn's `limit_concurrency`; beyond it
+        every request gets 503 `server_busy`, a publish of any tenant included).
+
+        Receives of all tokens take at most half of the connections, so publishes, settles and
+        stats always find the other half; one token at most a quarter, so it leaves room for
+        other receivers too. With the defaults (1000 connections): 32 per token, 500 in all,
+        so 15 tokens may each hold their 32 at once."""
+        per_token = max(1, min(self.max_waiting_per_token, max_connections // 4))
+        return per_token, max(per_token, max_connections // 2)
 
 
 __all__ = ["MAX_MESSAGES", "MAX_VISIBILITY_SECONDS", "MAX_WAIT_SECONDS", "PullSettings"]
