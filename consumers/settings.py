@@ -88,4 +88,7 @@ class WorkerSettings(BrokerSettings):
         description="the event loop: uvloop when installed (auto), as uvicorn does; it cuts "
         "the worker's CPU per message by about a quarter (bench/)",
     )
-    connection_name: str = naming.WORKER_CONNECTION
+    connection_name: str = Field(
+        default=naming.WORKER_CONNECTION,
+        description="the AMQP connection's name in the management UI",
+    )

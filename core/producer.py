@@ -81,7 +81,12 @@ _RULE_FAILURES: dict[InputRule, type[InvalidMessage]] = {
 class ProducerSettings(BrokerSettings):
     """The broker, and the body limit the gateway applies (`BANDGATE_MAX_BODY_BYTES`)."""
 
-    max_body_bytes: int = Field(default=MAX_BODY_BYTES, gt=0)
+    max_body_bytes: int = Field(
+        default=MAX_BODY_BYTES,
+        gt=0,
+        description="a payload whose JSON is larger is refused (body_too_large), as the gateway "
+        "refuses such a body",
+    )
 
 
 class BatchMessage(TypedDict, total=False):

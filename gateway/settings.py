@@ -11,7 +11,7 @@ from bandgate.topology.settings import BrokerSettings
 
 class GatewaySettings(BrokerSettings):
     host: str = Field(default="127.0.0.1", description="address the HTTP server binds")
-    port: int = Field(default=8000, ge=0, le=65535)
+    port: int = Field(default=8000, ge=0, le=65535, description="port the HTTP server binds")
     workers: int = Field(default=1, ge=1, description="uvicorn worker processes")
     publish_timeout_seconds: float = Field(
         default=5.0, gt=0, description="how long to wait for the broker's confirm before a 503"
@@ -52,7 +52,9 @@ class GatewaySettings(BrokerSettings):
         description="JSON list of web origins (https://ops.example.com) whose pages may send "
         "state-changing requests; other sites get 403",
     )
-    connection_name: str = "bandgate-gateway"
+    connection_name: str = Field(
+        default="bandgate-gateway", description="the AMQP connection's name in the management UI"
+    )
     auth_enabled: bool = Field(
         default=True, description="require bearer tokens on /v1/ (bandgate dev turns it off)"
     )

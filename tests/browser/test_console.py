@@ -175,7 +175,7 @@ async def test_the_wait_chart_moves_while_a_worker_drains_a_backlog(
     await expect(page.locator(band_cell(page, "hot", "consumers"))).to_have_text("1")
     # 100 messages of 40 ms: about 4 s, more on a busy machine (expect's default is 5 s).
     await expect(page.locator(band_cell(page, "hot", "ready"))).to_have_text("0", timeout=20_000)
-    # Hot drained first; warm and cold wait their turn (the README shows this picture).
+    # Hot drained first; warm and cold wait their turn (the docs show this picture).
     await expect(page.locator(band_cell(page, "cold", "ready"))).not_to_have_text("0")
     # The delivery rate is the management API's: it shows once its statistics sampled the
     # deliveries (every 5 s).
@@ -186,9 +186,9 @@ async def test_the_wait_chart_moves_while_a_worker_drains_a_backlog(
     assert await hot_line.get_attribute("points") != before
 
 
-def test_the_readme_screenshot_is_the_console() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert "![The bandgate console](docs/console.png)" in readme
+def test_the_docs_screenshot_is_the_console() -> None:
+    page = (ROOT / "docs" / "guides" / "observability.md").read_text()
+    assert "![The bandgate console](../console.png)" in page
     assert (ROOT / "docs" / "console.png").read_bytes().startswith(b"\x89PNG")
 
 

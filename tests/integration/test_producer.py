@@ -1,6 +1,7 @@
 """The Python producer against a real broker: the message the gateway would have written, in
 the same band; delays; the typed failures, with nothing sent for a refused message; batches;
-the sync wrapper from other threads; and the README's examples, run as written."""
+the sync wrapper from other threads; and the docs' examples (docs/guides/publish-python.md),
+run as written."""
 
 from __future__ import annotations
 
@@ -407,21 +408,20 @@ async def test_one_sync_producer_shared_by_two_threads(
         sync.publish("orders", 1)
 
 
-def readme_examples() -> list[str]:
-    """The Python code blocks of the README's "Publishing from Python" section."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## Publishing from Python\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+def docs_examples() -> list[str]:
+    """The Python code blocks of the docs' "Publish from Python" page."""
+    page = (ROOT / "docs" / "guides" / "publish-python.md").read_text(encoding="utf-8")
+    return re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL)
 
 
-async def test_the_readme_producer_examples_run(
+async def test_the_docs_producer_examples_run(
     amqp_url: str,
     amqp: AbstractRobustConnection,
     topology: Topology,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    examples = readme_examples()
+    examples = docs_examples()
     assert len(examples) == 2
     # The examples read the topology as deployments do: the file BANDGATE_TOPOLOGY names.
     toml = tmp_path / "bandgate.toml"
@@ -432,7 +432,7 @@ async def test_the_readme_producer_examples_run(
     await apply_topology(amqp, topology)
     for code in examples:
         assert "amqp://" not in code
-        program = compile(code, "README.md", "exec")
+        program = compile(code, "docs/guides/publish-python.md", "exec")
         # In a thread of its own: the async example runs its own event loop.
         await asyncio.to_thread(exec, program, {"__name__": "readme_example"})
     depths = await queue_depths(amqp, topology)

@@ -2,7 +2,9 @@
 shell, every other command as written in a second and third shell with nothing exported, then
 `make run` stopped and started again, and the second shell's commands once more.
 
-The commands come from the README's text, so it cannot drift from what works. What the test
+The commands come from the README's text, so it cannot drift from what works (the tutorial,
+docs/tutorial.md, shows the same commands: tests/unit/test_docs_pages.py checks it, and what it
+says of the management UI is checked here). What the test
 adds: the gateway's port (a free one through BANDGATE_PORT for `make run`, so a developer's own
 `make run` on :8000 does not collide; the commands' `localhost:8000` is rewritten to it), and
 waits for what the README says takes time (the worker's start, the dead letter after ~15 s).
@@ -61,9 +63,9 @@ def shell_commands(markdown: str) -> list[Command]:
     return commands
 
 
-def section(title: str) -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    return readme.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+def section(title: str, page: str = "README.md") -> str:
+    text = (ROOT / page).read_text(encoding="utf-8")
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
 def first_screen() -> str:
@@ -150,15 +152,16 @@ def reserved(log: Path) -> list[int]:
 
 
 def assert_management_ui_as_described(management_url: str | None) -> None:
-    """ "lists its queues by name: `emails.cold`, `emails.dlq`, `emails.hot`, then
+    """The tutorial: "lists its queues by name: `emails.cold`, `emails.dlq`, `emails.hot`, then
     `orders.cold`, `orders.dlq`, `orders.hot`, `orders.warm`, then bandgate's own queues under
     `zz.bandgate.`: the 26 delay levels ... and the ledger of cancels (a stream)"; no receive
     has been served yet, so no replica queue."""
     assert management_url is not None
     queues = httpx.get(f"{management_url}/api/queues", timeout=30).json()
     names = sorted(queue["name"] for queue in queues)
-    section_text = " ".join(section("First steps").split())
+    section_text = " ".join(section("The console and the broker", "docs/tutorial.md").split())
     listed = re.findall(r"`((?:emails|orders)\.\w+)`", section_text.split("zz.bandgate.")[0])
+    assert len(listed) == 7, listed
     assert names[: len(listed)] == listed
     own = names[len(listed) :]
     assert all(name.startswith("zz.bandgate.") for name in own)

@@ -1,6 +1,7 @@
 """One registry of error codes (`bandgate.core.error_codes`): every code the code base raises is
 in it, with the status it is raised with; the Python producer's failures, the OpenAPI
-document's error responses and the README's error tables say what it says."""
+document's error responses and the docs' error tables say what it says (the reference table of
+docs/reference/errors.md is printed from the registry: tests/unit/test_docs_reference.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ from bandgate.pull.settings import PullSettings
 from bandgate.topology.publish_input import InputRule
 from tests.unit.test_floors import FLOORS, ROOT
 
-README = (ROOT / "README.md").read_text()
+ERRORS_PAGE = ROOT / "docs" / "reference" / "errors.md"
+PUBLISH_HTTP_PAGE = ROOT / "docs" / "guides" / "publish-http.md"
+PUBLISH_PYTHON_PAGE = ROOT / "docs" / "guides" / "publish-python.md"
 CODE = re.compile(r"^[a-z][a-z_]*[a-z]$")
 
 
@@ -200,9 +203,9 @@ def test_the_openapi_error_responses_come_from_the_registry() -> None:
     assert seen > 300  # the receivers' operations are counted too
 
 
-def _table(heading: str) -> list[list[str]]:
+def _table(page: Path, heading: str) -> list[list[str]]:
     """The rows of the first table after `heading`, cells split (the header row dropped)."""
-    section = README.split(heading, 1)[1]
+    section = page.read_text(encoding="utf-8").split(heading, 1)[1]
     lines = [line for line in section.split("\n\n", 2)[1].splitlines() if line.startswith("|")]
     return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
 
@@ -214,9 +217,9 @@ def _codes(cell: str) -> list[str]:
     return codes
 
 
-def test_the_readmes_error_table_holds_every_code_under_its_status() -> None:
+def test_the_docs_error_table_holds_every_code_under_its_status() -> None:
     listed: dict[str, set[int]] = {}
-    for status_cell, cell, _ in _table("Every error is "):
+    for status_cell, cell, _ in _table(ERRORS_PAGE, "Every error is "):
         codes = re.sub(r"\([^()]*\)", "", cell)  # what is in parentheses explains
         statuses = [int(status) for status in re.findall(r"\d{3}", status_cell)]
         for code in _codes(codes):
@@ -241,13 +244,15 @@ def _kind_said(cell: str) -> set[Kind]:
     return {Kind.NOT_ENQUEUED, Kind.CLIENT_ERROR}
 
 
-def test_the_readmes_publish_failure_tables_agree_with_the_registry() -> None:
-    for answer, in_queue, _ in _table("### When a publish fails"):
+def test_the_docs_publish_failure_tables_agree_with_the_registry() -> None:
+    for answer, in_queue, _ in _table(PUBLISH_HTTP_PAGE, "## When a publish fails"):
         for status, code in re.findall(r"`(\d{3}) ([a-z_]+)`", answer):
             assert REGISTRY[code].status == int(status), code
         for code in _codes(answer):
             assert REGISTRY[code].kind in _kind_said(in_queue), code
-    for exceptions, in_queue, _ in _table("Every failure is a `PublishFailure`"):
+    for exceptions, in_queue, _ in _table(
+        PUBLISH_PYTHON_PAGE, "Every failure is a `PublishFailure`"
+    ):
         for name, code in re.findall(r"`([A-Z]\w+)` \(`([a-z_]+)`", exceptions):
             failure = getattr(bandgate, name)
             assert failure.code == code, name

@@ -1,0 +1,75 @@
+"""The README stays a first screen (at most 150 lines) whose walk-through is the tutorial's, its
+links land on pages and headings that exist, and every page of docs/ is in the site's nav.
+`make docs` (strict) checks the links inside docs/; the README is outside it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+
+def section(path: Path, title: str) -> str:
+    text = path.read_text(encoding="utf-8")
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def shell_blocks(markdown: str) -> list[str]:
+    return [block.strip() for block in re.findall(r"```sh\n(.*?)```", markdown, flags=re.S)]
+
+
+def slug(heading: str) -> str:
+    """The anchor Python-Markdown's toc gives a heading (its default slugify)."""
+    text = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(path: Path) -> set[str]:
+    return {slug(h) for h in re.findall(r"^#+ (.+)$", path.read_text(encoding="utf-8"), re.M)}
+
+
+def test_the_readme_is_at_most_150_lines() -> None:
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 150
+
+
+def test_the_tutorial_walks_the_readmes_commands() -> None:
+    """test_readme.py runs the README's; the tutorial shows the very same, in the same order."""
+    readme = shell_blocks(section(README, "First steps"))
+    assert len(readme) >= 5
+    assert shell_blocks(section(DOCS / "tutorial.md", "First steps")) == readme
+
+
+def _readme_links() -> list[str]:
+    text = README.read_text(encoding="utf-8")
+    return [t for t in re.findall(r"\]\(([^)]+)\)", text) if not t.startswith("http")]
+
+
+@pytest.mark.parametrize("target", _readme_links())
+def test_a_readme_link_lands(target: str) -> None:
+    path, _, anchor = target.partition("#")
+    assert (ROOT / path).exists(), target
+    if anchor:
+        assert anchor in anchors(ROOT / path), target
+
+
+def _nav_pages(entries: list[object]) -> set[str]:
+    pages: set[str] = set()
+    for entry in entries:
+        values = entry.values() if isinstance(entry, dict) else [entry]
+        for value in values:
+            pages |= _nav_pages(value) if isinstance(value, list) else {str(value)}
+    return pages
+
+
+def test_every_page_is_in_the_nav() -> None:
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    nav = _nav_pages(config["nav"])
+    pages = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
+    assert pages - nav == set(), "add them to mkdocs.yml's nav"
+    assert nav - pages == set()

@@ -1,0 +1,261 @@
+"""The reference pages' tables, printed from the code so they cannot drift from it: the
+configuration from the settings classes, the command line from its typer app, the error codes
+from their registry (`core.error_codes`), the metrics from their definitions (`core.telemetry`).
+
+`python -m tools.docs_reference` rewrites the blocks between `<!-- reference:NAME -->` and
+`<!-- /reference:NAME -->` in docs/reference/*.md (the prose around them is written by hand);
+`--check` only says which differ. `tests/unit/test_docs_reference.py` fails when a page differs
+from what this prints, and when a setting, command, option, code or metric has no words.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic_settings import BaseSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "docs" / "reference"
+
+
+def _cell(text: str) -> str:
+    """One table cell: no line breaks, and no `|` that would split it."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# --- configuration ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    variable: str
+    default: str
+    description: str
+
+
+def _default(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, tuple | list):
+        return f"`{json.dumps(list(value))}`"
+    return f"`{value}`"
+
+
+def settings_of(cls: type[BaseSettings]) -> list[Setting]:
+    """The settings `cls` declares itself (inherited ones are listed with their own class)."""
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    own = cls.__dict__.get("__annotations__", {})
+    return [
+        Setting(f"{prefix}{name}".upper(), _default(field.default), field.description or "")
+        for name, field in cls.model_fields.items()
+        if name in own
+    ]
+
+
+def settings_classes() -> list[tuple[str, type[BaseSettings]]]:
+    from bandgate.consumers.settings import WorkerSettings
+    from bandgate.core.producer import ProducerSettings
+    from bandgate.gateway.settings import GatewaySettings
+    from bandgate.pull.settings import PullSettings
+    from bandgate.topology.settings import BrokerSettings
+
+    return [
+        ("Every process: the broker and the topology", BrokerSettings),
+        ("The gateway (`bandgate gateway`, `bandgate dev`)", GatewaySettings),
+        ("HTTP receivers (served by the gateway)", PullSettings),
+        ("Workers (`bandgate worker`)", WorkerSettings),
+        ("The Python producer (`Producer`, `SyncProducer`)", ProducerSettings),
+    ]
+
+
+def configuration_section() -> str:
+    parts = []
+    for title, cls in settings_classes():
+        rows = [(f"`{s.variable}`", s.default, s.description) for s in settings_of(cls)]
+        parts.append(f"### {title}\n\n`{cls.__module__}.{cls.__name__}`:\n")
+        parts.append(_table(("variable", "default", "meaning"), rows) + "\n")
+    return "\n".join(parts).rstrip("\n")
+
+
+# --- command line -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Command:
+    path: tuple[str, ...]
+    command: Any  # a typer (click) command
+
+
+def commands() -> Iterator[Command]:
+    import typer.main
+
+    from bandgate.ops.cli import root
+
+    def walk(command: Any, path: tuple[str, ...]) -> Iterator[Command]:
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                yield from walk(sub, (*path, name))
+        elif not command.hidden:
+            yield Command(path, command)
+
+    yield from walk(typer.main.get_command(root), ("bandgate",))
+
+
+def _usage(command: Command) -> str:
+    words = list(command.path)
+    for param in command.command.params:
+        if param.param_type_name == "argument":
+            name = param.name.upper() + ("..." if param.nargs != 1 else "")
+            words.append(name if param.required else f"[{name}]")
+    return " ".join(words) + " [OPTIONS]"
+
+
+def _option_row(param: Any) -> tuple[str, ...]:
+    names = ", ".join(f"`{opt}`" for opt in param.opts)
+    if param.metavar:
+        names += f" `{param.metavar}`"
+    default = "required" if param.required else ""
+    if not param.required and param.default not in (None, False):
+        default = f"`{param.default}`"
+    if param.envvar:
+        default = f"{default}, `{param.envvar}`".lstrip(", ")
+    if param.multiple:
+        default = f"{default} (repeatable)".strip()
+    return names, default, param.help or ""
+
+
+def command_section(command: Command) -> str:
+    help_text = (command.command.help or "").strip()
+    arguments = [p for p in command.command.params if p.param_type_name == "argument"]
+    options = [p for p in command.command.params if p.param_type_name == "option"]
+    parts = [f"### `{' '.join(command.path)}`", "", "```", _usage(command), "```", "", help_text]
+    if arguments:
+        rows = [(f"`{p.name.upper()}`", p.help or "") for p in arguments]
+        parts += ["", _table(("argument", "meaning"), rows)]
+    if options:
+        parts += ["", _table(("option", "default", "meaning"), [_option_row(p) for p in options])]
+    return "\n".join(parts)
+
+
+def cli_section() -> str:
+    return "\n\n".join(command_section(command) for command in commands())
+
+
+# --- error codes --------------------------------------------------------------------------
+
+
+def errors_section() -> str:
+    from bandgate.core.error_codes import REGISTRY
+
+    ordered = sorted(REGISTRY.values(), key=lambda e: (e.status is None, e.status or 0))
+    rows = [
+        (str(e.status) if e.status is not None else "—", f"`{e.code}`", str(e.kind), e.meaning)
+        for e in ordered
+    ]
+    return _table(("status", "code", "kind", "meaning"), rows)
+
+
+# --- metrics ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str  # as Prometheus shows it (a counter's `_total` included)
+    kind: str
+    labels: tuple[str, ...]
+    help: str
+
+
+def metrics() -> list[Metric]:
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from bandgate.core.telemetry import Telemetry
+
+    telemetry = Telemetry("docs-reference")
+    try:
+        found = []
+        for value in vars(telemetry).values():
+            if isinstance(value, MetricWrapperBase):
+                [family] = value.describe()
+                suffix = "_total" if family.type == "counter" else ""
+                labels = tuple(value._labelnames)
+                found.append(
+                    Metric(family.name + suffix, family.type, labels, family.documentation)
+                )
+        return found
+    finally:
+        telemetry.shutdown()
+
+
+def metrics_section() -> str:
+    rows = [
+        (f"`{m.name}`", m.kind, ", ".join(f"`{label}`" for label in m.labels), m.help)
+        for m in metrics()
+    ]
+    return _table(("metric", "type", "labels", "what it counts"), rows)
+
+
+# --- the pages ----------------------------------------------------------------------------
+
+SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
+    "configuration": ("configuration.md", configuration_section),
+    "cli": ("cli.md", cli_section),
+    "errors": ("errors.md", errors_section),
+    "metrics": ("metrics.md", metrics_section),
+}
+
+
+def _marker(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(<!-- reference:{name} -->\n)(.*?)(<!-- /reference:{name} -->)", re.S)
+
+
+def rendered(name: str) -> str:
+    """What the section's block should hold."""
+    return SECTIONS[name][1]() + "\n"
+
+
+def block(name: str) -> str:
+    """What the page holds between the section's markers now (lines, each ending in \\n)."""
+    page, _ = SECTIONS[name]
+    found = _marker(name).search((REFERENCE / page).read_text(encoding="utf-8"))
+    assert found is not None, f"no reference:{name} block in docs/reference/{page}"
+    return found.group(2)
+
+
+def write(name: str) -> bool:
+    """Rewrite the section's block from the code; whether it changed."""
+    path = REFERENCE / SECTIONS[name][0]
+    text = path.read_text(encoding="utf-8")
+    new = _marker(name).sub(lambda m: m.group(1) + rendered(name) + m.group(3), text, count=1)
+    path.write_text(new, encoding="utf-8")
+    return new != text
+
+
+def main(argv: list[str]) -> int:
+    stale = [name for name in SECTIONS if block(name) != rendered(name)]
+    if "--check" in argv:
+        for name in stale:
+            print(f"docs/reference/{SECTIONS[name][0]}: the {name} block is stale", file=sys.stderr)
+        return 1 if stale else 0
+    for name in stale:
+        write(name)
+        print(f"docs/reference/{SECTIONS[name][0]}: {name} rewritten")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
