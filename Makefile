@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # pytest-xdist workers for the suite, each with a private RabbitMQ node of its own. Most tests
 # wait on the broker's timers, so two workers cut the wall time by a third or more even on two
-# cores (README, Tests).
+# cores (docs/development.md, Tests).
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/pytest -n $(TEST_WORKERS)
 

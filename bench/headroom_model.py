@@ -9,7 +9,7 @@ times; a free slot starts the oldest waiting hot message, else a cold one if the
 the model leaves out is what the bench adds: the broker's delivery path and the CPU two cores
 share. So the model shows what the slots alone cost a hot message (its wait for a slot, p50 and
 p99) and what each reserve costs cold work, for the light and the saturating load; the bench's
-hot p99 on top of that is the broker's and the machine's (README, Benchmarks).
+hot p99 on top of that is the broker's and the machine's (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path("bench/results")
-STABLE = Path("docs/priority-pareto.png")  # what the README shows
+STABLE = Path("docs/priority-pareto.png")  # what docs/benchmarks.md shows
 MARKERS = "osD^vP*Xhp<>"
 POINT = ("p99_ms", "cold_msg_s")
 

@@ -35,7 +35,8 @@ _IN_ROOT = 'mount --bind "$0/usr" /usr && mount --bind "$0/etc" /etc && exec "$@
 # Where a node's quorum queues' write-ahead log rolls over (RabbitMQ's default: 512 MiB). At the
 # default, a rollover had the segment writer write ~100 MB out at once, and every quorum queue's
 # deliveries stalled for 100-260 ms meanwhile; at 64 MiB it rolls over in small steps, with no
-# such stall seen (README, "What stalls"). It also bounds the memory the WAL's tables take.
+# such stall seen (docs/explanation/design.md, "What stalls"). It also bounds the memory the
+# WAL's tables take.
 QUORUM_WAL_MAX_SIZE_BYTES = 64 * 1024 * 1024
 # RabbitMQ 4.3 gave quorum queues a Ra system of their own, sized by
 # `quorum_queue.wal_max_size_bytes`, and no longer applies `raft.wal_max_size_bytes` to it

@@ -138,4 +138,4 @@ def test_no_page_of_another_site_or_host_drives_the_dev_gateway(stack: DevStack)
     for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
         listed = httpx.get(f"{record.gateway_url}/v1/queues", headers={"host": host}, timeout=10)
         assert listed.status_code == 200, (host, listed.text)
-    publish(record, 1, 5)  # what the README's curl commands send
+    publish(record, 1, 5)  # what the README's curl commands send (its First steps)

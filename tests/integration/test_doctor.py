@@ -49,7 +49,8 @@ def dlq_default_limit_warnings(version: tuple[int, ...], *queues: str) -> set[tu
 
 
 def in_band_order(version: tuple[int, ...]) -> str:
-    """What doctor says of a quorum band, per version (README, What order you get)."""
+    """What doctor says of a quorum band, per version (docs/guides/rabbitmq-versions.md, What
+    order you get)."""
     if version < (4, 0):
         return "FIFO within band"
     return "two levels within band" if version < (4, 3) else "strict priority within band"

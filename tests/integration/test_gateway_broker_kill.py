@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.fault]
 # (its Ra server was not registered on disk yet); seen to survive when declared 15 s before.
 SETTLE_SECONDS = 15
 LOAD_WORKERS = 8
-# The README's codes for a publish that certainly did not enqueue (confirm_timeout and
-# confirm_lost mean the outcome is unknown).
+# The codes of docs/reference/errors.md for a publish that certainly did not enqueue
+# (confirm_timeout and confirm_lost mean the outcome is unknown).
 NOT_ENQUEUED = {"broker_unavailable", "broker_blocked", "unroutable", "queue_full"}
 
 

@@ -1,7 +1,7 @@
-"""`examples/http_worker.mjs`, the Node.js worker of the README, run with node against a gateway
-served on a port and a real broker: it handles a backlog hottest band first, each good order
-once (a slow one kept leased by extending), retries the failing order until it dead-letters,
-dead-letters the poison one at once, and stops on SIGTERM."""
+"""`examples/http_worker.mjs`, the Node.js worker of docs/guides/consume-http.md, run with node
+against a gateway served on a port and a real broker: it handles a backlog hottest band first,
+each good order once (a slow one kept leased by extending), retries the failing order until it
+dead-letters, dead-letters the poison one at once, and stops on SIGTERM."""
 
 from __future__ import annotations
 

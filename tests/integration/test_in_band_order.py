@@ -1,6 +1,6 @@
-"""The README's order table, row by row, on whichever RabbitMQ the session runs (3.10, 4.0 or
-4.3): messages of random priorities 0-9 published through bandgate's Publisher into one band,
-then read back in the order the broker hands them out."""
+"""The order table (docs/guides/rabbitmq-versions.md), row by row, on whichever RabbitMQ the
+session runs (3.10, 4.0 or 4.3): messages of random priorities 0-9 published through bandgate's
+Publisher into one band, then read back in the order the broker hands them out."""
 
 from __future__ import annotations
 
