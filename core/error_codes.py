@@ -5,7 +5,8 @@ The gateway's and the HTTP receivers' routes raise these (`ApiError.of`), the Py
 producer's failure classes take their `code` from them (`core.publish_outcomes`), the OpenAPI
 document's error responses are built from them (`gateway.openapi`, `pull.openapi`), and
 `tests/unit/test_error_codes.py` checks that every code raised anywhere is here and that the
-README's error tables say what this table says. A new code is added here first.
+docs' error tables say what this table says; docs/reference/errors.md prints this table
+(`python -m tools.docs_reference`). A new code is added here first.
 
 The input rules of a publish (`topology.publish_input`) name the rule a message breaks
 (`InputRule`), not a code: `for_rule` is the one place a rule becomes a code.
