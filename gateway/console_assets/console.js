@@ -1,4 +1,4 @@
-// bandgate console: reads /v1/console/overview every few seconds and draws it; lists,
+// bandgate console: reads /v1/console/overview every 2 s and draws it; lists,
 // replays and purges dead letters through the admin endpoints; cancels, replaces and
 // escalates a message by id through the API's own routes. Plain JS, no build step.
 "use strict";

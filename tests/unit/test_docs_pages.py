@@ -73,3 +73,19 @@ def test_every_page_is_in_the_nav() -> None:
     pages = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
     assert pages - nav == set(), "add them to mkdocs.yml's nav"
     assert nav - pages == set()
+
+
+def test_the_console_refreshes_as_often_as_its_page_and_the_docs_say() -> None:
+    """One figure a user can time: the page polls every N ms, the gateway samples every N s,
+    and the page's footer and the docs say N s."""
+    from bandgate.gateway.console_sampler import SAMPLE_INTERVAL_SECONDS
+
+    assets = ROOT / "gateway" / "console_assets"
+    [poll_ms] = re.findall(r"setInterval\(poll, (\d+)\)", (assets / "console.js").read_text())
+    seconds = int(poll_ms) / 1000
+    assert seconds == SAMPLE_INTERVAL_SECONDS
+    said = f"{seconds:g} s"
+    assert f"Refreshes every {said}." in (assets / "console.html").read_text()
+    docs = " ".join((DOCS / "guides" / "observability.md").read_text().split())
+    assert f"It refreshes every {said}." in docs
+    assert f"sampled every {said} while a console is open" in docs
