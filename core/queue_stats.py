@@ -22,11 +22,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import Any
 
 import aiormq
 import httpx
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from typing_extensions import TypedDict  # pydantic reads typing's on Python 3.12+ only
 
 from bandgate.topology import naming, wire
 from bandgate.topology.management import ManagementClient
@@ -77,7 +78,25 @@ class StatsError(Exception):
         self.code = code
 
 
-def describe_queue(spec: QueueSpec) -> dict[str, Any]:
+class BandDescription(TypedDict):
+    name: str
+    priorities: list[int]
+    queue: str
+    type: str
+    age_after_seconds: float | None
+    shards: list[str]  # a sharded band's queues; empty for a band of one queue
+
+
+class QueueDescription(TypedDict):
+    """A queue of the topology as `GET /v1/queues` lists it."""
+
+    name: str
+    bands: list[BandDescription]
+    dead_letter_queue: str
+    max_attempts: int
+
+
+def describe_queue(spec: QueueSpec) -> QueueDescription:
     return {
         "name": spec.name,
         "bands": [
@@ -271,7 +290,9 @@ def _by_name(queues: Iterable[Any]) -> dict[str, dict[str, Any]]:
 
 
 __all__ = [
+    "BandDescription",
     "BandStats",
+    "QueueDescription",
     "QueueStats",
     "ShardStats",
     "StatsError",

@@ -1,15 +1,26 @@
 """The OpenAPI document's schemas: the request and response models' JSON Schema, with what the
-handlers check on top of the models added, and the bodies that have no model yet."""
+handlers check on top of the models added, and the bodies that have no model yet.
+
+They are shaped for client generators as well as validators (openapi-python-client and
+openapi-typescript, checked by tests/integration/test_generated_clients.py): a rule across
+fields sits in a top-level `not`, which validators apply and generators pass over (a top-level
+`anyOf` made both type a body as a union of branches, each with one field left untyped); no
+schema refers to itself (a recursive JSON value made openapi-python-client drop the escalate
+operation and `tsc --strict` fail); and no property has a `default` (openapi-typescript types a
+field with one as always present, so a body that leaves it out would not compile).
+"""
 
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import models_json_schema
 
-from bandgate.core.queue_stats import QueueStats
+from bandgate.core.dead_letter_records import DeadLetter
+from bandgate.core.queue_stats import QueueDescription, QueueStats
 from bandgate.gateway.schemas import (
     BatchRequest,
     BatchResponse,
@@ -25,6 +36,7 @@ from bandgate.topology.publish_input import (
     MAX_HEADERS,
     MAX_ID_BYTES,
     MAX_ID_LENGTH,
+    MAX_PAYLOAD_DEPTH,
 )
 
 SCHEMAS = "#/components/schemas/"
@@ -42,6 +54,33 @@ def ref(name: str) -> dict[str, str]:
 
 def json_object(*required: str, **properties: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "required": list(required), "properties": properties}
+
+
+# A field given: present and not null.
+GIVEN: dict[str, Any] = {"not": {"type": "null"}}
+
+
+def both_given(first: str, second: str, second_is: dict[str, Any] = GIVEN) -> dict[str, Any]:
+    """The bodies that give both fields (the second as `second_is` says)."""
+    return {"required": [first, second], "properties": {first: GIVEN, second: second_is}}
+
+
+def forbid(schema: dict[str, Any], *cases: dict[str, Any]) -> None:
+    """Refuse the bodies of any of `cases`, in the top-level `not` generators pass over."""
+    schema["not"] = cases[0] if len(cases) == 1 else {"anyOf": list(cases)}
+
+
+def without_defaults(schemas: dict[str, dict[str, Any]]) -> None:
+    """Take `default` off every property, saying a default other than null in its description
+    instead: what a field left out means is the server's to apply, not a generator's."""
+    for schema in schemas.values():
+        for prop in schema.get("properties", {}).values():
+            if "default" not in prop:
+                continue
+            default = prop.pop("default")
+            if default is not None:
+                said = prop.get("description", "").rstrip(".")
+                prop["description"] = f"{said}; default {json.dumps(default)}".removeprefix("; ")
 
 
 def component_schemas(
@@ -64,39 +103,41 @@ def component_schemas(
     for model in requests:
         _bound_integers(schemas[model.__name__])
     schemas["EscalateRequest"] = _escalate_request(schemas["PublishRequest"])
-    return schemas | _UNMODELLED
+    schemas["Headers"] = _name_headers(schemas["PublishRequest"], schemas["EscalateRequest"])
+    schemas |= copy.deepcopy(_UNMODELLED) | _answers() | {"PriorityName": PRIORITY_NAME}
+    without_defaults(schemas)
+    return schemas
+
+
+def _answers() -> dict[str, dict[str, Any]]:
+    """The schemas of answers the handlers build from typed dicts and dataclasses."""
+    _, generated = TypeAdapter.json_schemas(
+        [
+            (name, "serialization", TypeAdapter(kind))
+            for name, kind in (
+                ("QueueStats", QueueStats),
+                ("QueueDescription", QueueDescription),
+                ("DeadLetter", DeadLetter),
+            )
+        ],
+        ref_template=SCHEMAS + "{model}",
+    )
+    schemas: dict[str, dict[str, Any]] = generated["$defs"]
+    return schemas
 
 
 _STRING = {"type": "string"}
 _COUNT = {"type": "integer", "minimum": 0}
 # Bodies without a pydantic model: their required keys, and the types that matter to clients.
 _UNMODELLED: dict[str, dict[str, Any]] = {
-    # Any JSON value the gateway carries exactly. (A number written with a fraction or an
-    # exponent, such as 1.0 or 1e20, is a float to the gateway and is carried whatever its
-    # size; JSON Schema calls an integral one an integer, so the document leaves those out.)
-    "JsonValue": {
-        "description": "any JSON value; integers within [-2^63, 2^64), at most 254 levels deep",
-        "anyOf": [
-            {"type": ["null", "boolean", "string"]},
-            {"type": "integer", "minimum": JSON_INT_MIN, "maximum": JSON_INT_MAX},
-            {"type": "number", "not": {"type": "integer"}},
-            {"type": "array", "items": ref("JsonValue")},
-            {"type": "object", "additionalProperties": ref("JsonValue")},
-        ],
-    },
-    "Queues": json_object(
-        "queues",
-        queues={"type": "array", "items": json_object("name", "bands", name=_STRING)},
-    ),
-    # stats.py declares typing.TypedDicts, which pydantic reads on Python 3.12+ only.
-    "QueueStats": json_object(*sorted(QueueStats.__required_keys__)),
+    "Queues": json_object("queues", queues={"type": "array", "items": ref("QueueDescription")}),
     "DeadLetters": json_object(
         "queue",
         "count",
         "messages",
         queue=_STRING,
         count=_COUNT,
-        messages={"type": "array", "items": json_object("message_id", "reason")},
+        messages={"type": "array", "items": ref("DeadLetter")},
     ),
     "Replayed": json_object(
         *("queue", "examined", "replayed", "skipped", "kept", "error"),
@@ -148,12 +189,41 @@ _UNMODELLED: dict[str, dict[str, Any]] = {
 }
 
 
+# Any JSON value the gateway carries exactly: said, not spelled out, since a schema of a JSON
+# value refers to itself. (A number written with a fraction or an exponent, such as 1.0 or
+# 1e20, is a float to the gateway and is carried whatever its size.)
+PAYLOAD = {
+    "title": "Payload",
+    "description": f"any JSON value, delivered to consumers as is: integers within "
+    f"[{JSON_INT_MIN}, {JSON_INT_MAX}] (else 400 malformed_json), nested at most "
+    f"{MAX_PAYLOAD_DEPTH} levels deep (else 422 invalid_field)",
+}
+
+
+# Parts of the publish body with names of their own, so that a generated client has types of
+# those names (not PublishRequestPriorityType1 and PublishRequestHeadersType0).
+PRIORITY_NAME = {
+    "title": "PriorityName",
+    "type": "string",
+    "enum": list(ALIASES),
+    "description": ", ".join(f"{name}={level}" for name, level in ALIASES.items()),
+}
+
+
+def _name_headers(*bodies: dict[str, Any]) -> dict[str, Any]:
+    """The bodies' `headers` schema (the same in each), as the component `Headers`."""
+    headers = _value(bodies[0]["properties"]["headers"])
+    for body in bodies:
+        body["properties"]["headers"]["anyOf"] = [ref("Headers"), {"type": "null"}]
+    return headers | {"title": "Headers"}
+
+
 def _refine_publish(schema: dict[str, Any], max_delay_seconds: float | None) -> None:
     props = schema["properties"]
-    props["payload"]["$ref"] = SCHEMAS + "JsonValue"
+    props["payload"] = dict(PAYLOAD)
     props["priority"]["anyOf"] = [
         {"type": "integer", "minimum": MIN_PRIORITY, "maximum": MAX_PRIORITY},
-        {"type": "string", "enum": list(ALIASES)},
+        ref("PriorityName"),
         {"type": "null"},
     ]
     if max_delay_seconds is not None:
@@ -183,11 +253,11 @@ def _refine_publish(schema: dict[str, Any], max_delay_seconds: float | None) -> 
     )
     _value(props["partition_key"])["pattern"] = PRINTABLE
     _value(props["tenant"])["pattern"] = PRINTABLE
-    # delay_seconds and deliver_at exclude each other: one of them is absent or null.
-    schema["anyOf"] = [
-        {"properties": {"delay_seconds": {"type": "null"}}},
-        {"properties": {"deliver_at": {"type": "null"}}},
-    ]
+    forbid(schema, DELAY_AND_DELIVER_AT)
+
+
+# delay_seconds and deliver_at exclude each other.
+DELAY_AND_DELIVER_AT = both_given("delay_seconds", "deliver_at")
 
 
 def _escalate_request(publish: dict[str, Any]) -> dict[str, Any]:
@@ -201,20 +271,10 @@ def _escalate_request(publish: dict[str, Any]) -> dict[str, Any]:
     )
     schema["properties"]["band"] = {
         "anyOf": [{"type": "string"}, {"type": "null"}],
-        "default": None,
         "description": "a band of the queue (GET /v1/queues lists them): its highest priority",
     }
-    given = {"not": {"type": "null"}}
-    absent = {"type": "null"}
-    schema["allOf"] = [
-        {"anyOf": schema.pop("anyOf")},  # the publish body's own rule: a delay or deliver_at
-        {
-            "oneOf": [
-                {"required": ["priority"], "properties": {"priority": given, "band": absent}},
-                {"required": ["band"], "properties": {"band": given, "priority": absent}},
-            ]
-        },
-    ]
+    neither = {"properties": {"priority": {"type": "null"}, "band": {"type": "null"}}}
+    forbid(schema, DELAY_AND_DELIVER_AT, both_given("priority", "band"), neither)
     return schema
 
 

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 from bandgate.core import error_codes as codes
 from bandgate.core.dead_letters import MAX_LIST, MAX_REASON
 from bandgate.core.error_codes import ErrorCode, Kind
-from bandgate.gateway._openapi_schemas import PRINTABLE, component_schemas, ref
+from bandgate.gateway._openapi_schemas import (
+    PRINTABLE,
+    both_given,
+    component_schemas,
+    forbid,
+    ref,
+    without_defaults,
+)
 from bandgate.gateway.settings import GatewaySettings
 from bandgate.topology import naming
 from bandgate.topology.publish_input import MAX_ID_BYTES, MAX_ID_LENGTH
@@ -180,10 +187,12 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
         body_required: bool = True,
         about: str = "",
         more: dict[int, tuple[ErrorCode, ...]] | None = None,
+        only: dict[int, tuple[ErrorCode, ...]] | None = None,
     ) -> dict[str, Any]:
         """A /v1/ operation on one queue (`scope` names the scope it needs), or on all of
         them (`scope` None: any valid token). `query` holds its parameters besides the queue;
-        `more` holds the codes this operation answers besides every operation's."""
+        `more` holds the codes this operation answers besides every operation's, `only` the
+        codes of a status it answers with its own instead."""
         needs = "any valid token" if scope is None else f"scope {scope}"
         if scope is not None and scope != "admin":
             needs += " (or the same action on *, or admin)"
@@ -198,7 +207,7 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
         if body is not None:
             operation["requestBody"] = {"required": body_required, **_content(ref(body))}
         statuses = (*errors, *_V1, *_ANY, *(_BODY if body is not None else ()))
-        operation["responses"] = ok | _errors(statuses, limits, more or {})
+        operation["responses"] = ok | _errors(statuses, limits, more or {}, only or {})
         return operation
 
     def public(
@@ -208,7 +217,7 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
             "operationId": name,
             "summary": summary,
             "security": [],
-            "responses": ok | _errors((*errors, *_ANY), limits, {}),
+            "responses": ok | _errors((*errors, *_ANY), limits, {}, {}),
         }
 
     dlq = (403, 404, 409, 422, 503)
@@ -240,6 +249,7 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
                 errors=(403, 404, 422, 503),
                 query=(_MESSAGE_ID,),
                 more={429: (codes.TOO_MANY_TOMBSTONES,)},
+                only={422: (codes.INVALID_FIELD,)},  # the path's message id
                 about="Writes a tombstone that makes consumers skip every copy of the id "
                 "published before it that they have not started; a later replace runs. The "
                 "ledger cannot tell an id never published, or already handled, from a pending "
@@ -301,6 +311,7 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
                 _ok("DeadLetters"),
                 errors=dlq,
                 query=tuple(_DLQ_QUERY),
+                only={422: (codes.UNKNOWN_FIELD, codes.INVALID_FIELD)},  # the query's
             ),
             "delete": secured(
                 "purge_dead_letters",
@@ -308,6 +319,7 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
                 "admin",
                 _ok("Purged"),
                 errors=dlq,
+                only={422: (codes.UNKNOWN_FIELD,)},  # a query it does not take
             ),
         },
         "/v1/queues/{queue}/dlq/replay": {
@@ -354,7 +366,13 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
     )
     return {
         "openapi": "3.1.0",
-        "info": {"title": "bandgate", "version": "1"},
+        "info": {
+            "title": "bandgate",
+            "version": "1",
+            "description": _ABOUT,
+            "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
+        },
+        "servers": [{"url": "/", "description": "the gateway that serves this document"}],
         "paths": paths,
         "components": {
             "schemas": schemas,
@@ -371,6 +389,15 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
     }
 
 
+_ABOUT = (
+    "Priority bands over RabbitMQ: publish messages with a priority (0-9), receive them "
+    'hottest band first. Every error is JSON in one shape, `{"error": {"code", '
+    '"message", "field"}}`; besides each operation\'s, any path the gateway does not '
+    f"serve answers 404 `{codes.NOT_FOUND.code}` and a method a path does not take 405 "
+    f"`{codes.METHOD_NOT_ALLOWED.code}`."
+)
+
+
 def _content(schema: dict[str, Any], media_type: str = JSON) -> dict[str, Any]:
     return {"content": {media_type: {"schema": schema}}}
 
@@ -380,14 +407,29 @@ def _ok(schema: str, description: str = "OK", status: int = 200) -> dict[str, An
 
 
 def _errors(
-    statuses: tuple[int, ...], limits: ApiLimits, more: dict[int, tuple[ErrorCode, ...]]
+    statuses: tuple[int, ...],
+    limits: ApiLimits,
+    more: dict[int, tuple[ErrorCode, ...]],
+    only: dict[int, tuple[ErrorCode, ...]],
 ) -> dict[str, Any]:
     responses = {}
     for status in sorted(set(statuses)):
         note = _ERROR_NOTES.get(status, "").format(max_body_bytes=limits.max_body_bytes)
         responses[str(status)] = {
-            **describe_errors(ERRORS[status] + more.get(status, ()), note),
+            **describe_errors(only.get(status, ERRORS[status]) + more.get(status, ()), note),
             **({"headers": _ERROR_HEADERS[status]} if status in _ERROR_HEADERS else {}),
             **_content(ref("ErrorResponse")),
         }
     return responses
+
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "ERRORS",
+    "ApiLimits",
+    "both_given",
+    "describe_errors",
+    "forbid",
+    "openapi_document",
+    "without_defaults",
+]

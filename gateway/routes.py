@@ -29,6 +29,7 @@ from bandgate.gateway.json_input import MalformedJson, parse_json
 from bandgate.gateway.openapi import ApiLimits, openapi_document
 from bandgate.gateway.schemas import BatchRequest, parse_publish, validation_error
 from bandgate.gateway.settings import GatewaySettings
+from bandgate.topology import wire
 from bandgate.topology.model import QueueSpec, Topology, UnknownQueueError
 from bandgate.topology.wire import Envelope
 
@@ -79,8 +80,8 @@ def published_body(result: Published) -> dict[str, Any]:
         "queue": result.queue,
         "priority": result.priority,
         "band": result.band,
-        "enqueued_at": result.enqueued_at.isoformat(),
-        "deliver_at": result.deliver_at.isoformat() if result.deliver_at else None,
+        "enqueued_at": wire.moment_text(result.enqueued_at),
+        "deliver_at": wire.moment_text(result.deliver_at) if result.deliver_at else None,
     }
 
 

@@ -26,7 +26,7 @@ from pydantic.json_schema import models_json_schema
 from bandgate.consumers import MAX_REASON_CHARS, DeadLetterCause
 from bandgate.core import error_codes as codes
 from bandgate.core.error_codes import ErrorCode
-from bandgate.gateway.openapi import describe_errors
+from bandgate.gateway.openapi import both_given, describe_errors, forbid, without_defaults
 from bandgate.gateway.schemas import ErrorBody
 from bandgate.pull.routes import (
     MAX_ACK_BATCH,
@@ -94,16 +94,19 @@ class AckBatchResponse(BaseModel):
 
 class ReleaseResponse(BaseModel):
     receipt: str
-    outcome: Literal["retry", "dead-lettered", "returned"] = Field(
+    outcome: Literal["retry", "dead-lettered", "requeued", "returned"] = Field(
         description="retry: a copy is due again after `retry_in_seconds` as attempt `attempt`; "
         "dead-lettered: in the dead-letter queue (`cause`, `reason`): released with "
-        "dead_letter, or its last attempt failed; returned: the copy was not confirmed, so "
-        "it went back to its band unsettled"
+        "dead_letter, or its last attempt failed; requeued: the retry or dead-letter copy was "
+        "not confirmed, so the message went back to its band unsettled (`reason`); returned: "
+        "the gateway stopped before it settled, so the message went back to its band"
     )
     attempt: int | None = Field(default=None, ge=2, description="retry: the copy's attempt")
     retry_in_seconds: float | None = Field(default=None, ge=0, description="retry: when")
     cause: DeadLetterCause | None = Field(default=None, description="dead-lettered: why")
-    reason: str | None = Field(default=None, description="dead-lettered: the reason kept")
+    reason: str | None = Field(
+        default=None, description="dead-lettered: the reason kept; requeued: why"
+    )
 
 
 class ExtendResponse(BaseModel):
@@ -251,11 +254,9 @@ def _schemas(longest: float | None) -> dict[str, dict[str, Any]]:
         f"why, kept with the retry or the dead letter; at most {MAX_REASON_CHARS} characters"
     )
     release["dead_letter"]["description"] = "straight to the dead-letter queue, no retry"
-    # delay_seconds says when to retry, dead_letter says never: one of them is absent.
-    schemas["ReleaseRequest"]["anyOf"] = [
-        {"properties": {"delay_seconds": {"type": "null"}}},
-        {"properties": {"dead_letter": {"const": False}}},
-    ]
+    # delay_seconds says when to retry, dead_letter says never: not both.
+    forbid(schemas["ReleaseRequest"], both_given("delay_seconds", "dead_letter", {"const": True}))
+    without_defaults(schemas)
     return schemas
 
 

@@ -118,6 +118,12 @@ def from_millis(millis: int) -> datetime:
     return datetime.fromtimestamp(millis / 1000, UTC)
 
 
+def moment_text(moment: datetime) -> str:
+    """A moment as the HTTP API writes it: RFC 3339 in UTC to the millisecond, the precision
+    a message carries its enqueue time in (e.g. 2030-01-01T12:00:00.123Z)."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 @dataclass(frozen=True)
 class Envelope:
     """One message as bandgate handles it, before routing."""

@@ -125,8 +125,7 @@ PUBLISH_BODIES: list[Any] = [
     {"payload": None},
     {"payload": {"a": [1, "x", None, True, 1.5, {"b": -(2**63)}]}},
     {"payload": 2**64 - 1},
-    {"payload": 2**64},
-    {"payload": [-(2**63) - 1]},
+    {"payload": 1e20},
     {},
     {"payload": 1, "extra": 1},
     {"payload": 1, "priority": 0},
@@ -213,14 +212,17 @@ def test_a_replay_body_is_valid_in_the_document_exactly_when_the_model_takes_it(
 
 
 # What JSON Schema cannot say. It calls 4.0 an integer where the gateway sees a float (JSON
-# does not tell), and it counts characters, not UTF-8 bytes or Python's printable ones. These
+# does not tell), and it counts characters, not UTF-8 bytes or Python's printable ones. And the
+# document says the payload's bounds rather than spell them out: a schema of any JSON value
+# refers to itself, which client generators cannot follow (`gateway._openapi_schemas`). These
 # cases pin where the document and the gateway disagree, in both directions: a change to the
 # gateway that settles one (say, taking an integral float as a priority) shows up here.
 KNOWN_DIFFERENCES: list[tuple[Any, bool, bool]] = [
     # body, document says valid, gateway takes it
     ({"payload": 1, "priority": 4.0}, True, False),  # StrictInt
     ({"payload": 1, "headers": {"a": 1e39}}, False, True),  # a float, carried as one
-    ({"payload": 1e20}, False, True),
+    ({"payload": 2**64}, True, False),  # an integer nothing could carry
+    ({"payload": [-(2**63) - 1]}, True, False),
     ({"payload": 1, "message_id": "é" * 128}, True, False),  # 256 bytes in UTF-8
     ({"payload": 1, "message_id": "a\U000f0000"}, True, False),  # not printable to Python
 ]
