@@ -32,7 +32,11 @@ class PullExtension:
 
     async def start(self, state: State) -> None:
         self.receivers = Receivers(
-            state.link, self.settings, state.telemetry, state.settings.max_connections
+            state.link,
+            self.settings,
+            state.telemetry,
+            state.settings.max_connections,
+            state.settings.max_body_bytes,
         )
         state.receivers = self.receivers
 

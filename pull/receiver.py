@@ -109,15 +109,19 @@ class PullQueue:
         telemetry: Telemetry | None,
         count_returns: bool = True,
         tombstones: Tombstones | None = None,
+        leases: int | None = None,
     ) -> None:
-        """`count_returns`: every return counts as a delivery (before 4.3); `tombstones`."""
+        """`count_returns`: every return counts as a delivery (before 4.3); `tombstones`;
+        `leases`: each band's prefetch and the queue's slots (`PullSettings.queue_leases`;
+        default `max_leases`)."""
         self.spec = spec
         self.count_returns = count_returns
         self.book = book
         self.settings = settings
         self.settlements = Settlements()
         self._leased = telemetry.series(telemetry.leased, spec.name) if telemetry else None
-        leases = settings.max_leases
+        leases = leases or settings.max_leases
+        self.leases = leases
         # Every band may lease every slot; the coldest shares them through the headroom (`_seats`).
         coldest = spec.bands[-1].name
         options = ConsumerOptions(

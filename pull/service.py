@@ -72,9 +72,12 @@ class Receivers:
         settings: PullSettings,
         telemetry: Telemetry | None,
         max_connections: int,
+        max_message_bytes: int,
         replica: str | None = None,
     ) -> None:
-        """`max_connections`: the process's (`PullSettings.receive_seats`)."""
+        """`max_connections`: the process's (`PullSettings.receive_seats`);
+        `max_message_bytes`: the largest message body it accepts (`PullSettings.queue_leases`)."""
+        self.max_message_bytes = max_message_bytes
         self.link = link
         self.settings = settings
         self.telemetry = telemetry
@@ -141,6 +144,7 @@ class Receivers:
                         self.telemetry,
                         count_returns=counts_every_return(self.link.version),
                         tombstones=Tombstones(ledger),
+                        leases=self._leases(spec),
                     )
                     await queue.open()
                     self._queues[spec.name] = queue
@@ -163,7 +167,7 @@ class Receivers:
     async def _receive(
         self, spec: QueueSpec, count: int, wait: float, visibility: float, owner: str
     ) -> list[Lease]:
-        allowed = self.settings.token_lease_limit
+        allowed = self.settings.token_leases(self._leases(spec))
         if self.book.held(owner) >= allowed:
             raise ApiError(
                 429,
@@ -189,6 +193,9 @@ class Receivers:
             raise ApiError(
                 503, "broker_unavailable", f"the broker is unavailable: {exc!r}"
             ) from None
+
+    def _leases(self, spec: QueueSpec) -> int:
+        return self.settings.queue_leases(len(spec.bands), self.max_message_bytes)
 
     async def ack(self, queue: str, receipt: str) -> dict[str, Any]:
         return await self._on_receipt(queue, receipt, {"op": "ack"})

@@ -13,7 +13,9 @@ from typing import Any
 
 import httpx
 import pytest
+from aio_pika.abc import AbstractRobustConnection
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.applications import Starlette
 
 from bandgate.gateway.auth import TokenSpec, hash_token
 from bandgate.gateway.budgets import Seats
@@ -23,6 +25,7 @@ from bandgate.pull.app import create_app
 from bandgate.pull.settings import PullSettings
 from bandgate.topology.loader import parse_topology
 from bandgate.topology.model import Topology
+from tests.integration.conftest import queue_depths
 from tests.integration.live_gateway import LiveGateway
 
 pytestmark = pytest.mark.integration
@@ -103,7 +106,9 @@ async def test_one_tokens_long_polls_leave_the_process_to_the_others(
     assert PullSettings().receive_seats(CONNECTIONS) == (4, 8)
     polls: list[asyncio.Task[httpx.Response]] = []
     with LiveGateway(settings, topology) as live:
-        seats: Seats = live.server.config.app.state.receivers.seats
+        app = live.server.config.app
+        assert isinstance(app, Starlette)
+        seats: Seats = app.state.receivers.seats
         try:
             for _ in range(CONNECTIONS):
                 polls.append(asyncio.create_task(long_poll(live.url, "tenant-a")))
@@ -154,10 +159,10 @@ async def tenant_b_publishes_and_receives(http: httpx.AsyncClient) -> None:
 
 @contextlib.asynccontextmanager
 async def gateway(
-    settings: GatewaySettings, topology: Topology
+    settings: GatewaySettings, topology: Topology, pull: PullSettings | None = None
 ) -> AsyncIterator[httpx.AsyncClient]:
     """A client of a gateway process (with HTTP receivers) started for it."""
-    app = create_app(settings, topology, pull=PullSettings(linger_seconds=0.05))
+    app = create_app(settings, topology, pull=pull or PullSettings(linger_seconds=0.05))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
@@ -213,6 +218,43 @@ async def test_one_tokens_cancels_leave_another_tenants_tombstone_in_the_ledger(
         assert (await fresh.get("/readyz")).json()["ledger"] == "following"
         skipped = (await fresh.get("/metrics")).text
     assert consumed(skipped, "tenant-b", "cancelled") == 1
+
+
+# -- finding 3: prefetched bytes ---------------------------------------------------------------
+
+
+async def test_one_small_receive_holds_at_most_the_byte_budget(
+    secured: GatewaySettings, topology: Topology, amqp: AbstractRobustConnection
+) -> None:
+    """Finding 3: 300 messages of 250 KB, then one receive of one message: the gateway took
+    all of them from the broker (prefetch 256 per band), and held them. Each band's prefetch
+    now follows a byte budget: here 1 MiB per queue with bodies of at most 64 KiB gives 10
+    per band (the floor: one full receive); after one receive of one message the broker
+    counts at most 10 of 60 messages of 60 KB away from the band, the one leased included."""
+    pull = PullSettings(max_prefetch_bytes=1 << 20, linger_seconds=0.05)
+    assert secured.max_body_bytes == 64 * 1024
+    assert pull.queue_leases(len(topology.queues["tenant-a"].bands), secured.max_body_bytes) == 10
+    payload = "x" * 60_000
+    async with gateway(secured, topology, pull) as http:
+        for n in range(60):
+            response = await http.post(
+                "/v1/queues/tenant-a/messages",
+                json={"payload": payload, "priority": 5, "message_id": f"big-{n}"},
+                headers=bearer(NOISY),
+            )
+            assert response.status_code == 201, response.text
+        assert (await queue_depths(amqp, topology))["tenant-a.warm"] == 60
+        response = await http.post(
+            "/v1/queues/tenant-a/receive",
+            json={"max_messages": 1, "wait_seconds": 5},
+            headers=bearer(NOISY),
+        )
+        assert response.status_code == 200, response.text
+        assert [m["message_id"] for m in response.json()["messages"]] == ["big-0"]
+        # The receive returned once each band's first prefetch was in hand (`runner.open`).
+        held = 60 - (await queue_depths(amqp, topology))["tenant-a.warm"]
+    assert 1 <= held <= 10
+    assert held * len(payload) <= pull.max_prefetch_bytes
 
 
 def consumed(metrics: str, queue: str, outcome: str) -> float:

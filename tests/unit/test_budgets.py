@@ -9,6 +9,7 @@ import pytest
 from bandgate.core import error_codes
 from bandgate.gateway.budgets import SLOTS, Seats, Window
 from bandgate.gateway.errors import ApiError
+from bandgate.pull.settings import PullSettings
 
 
 def test_a_token_holds_its_seats_and_leaves_the_rest_to_others() -> None:
@@ -69,3 +70,19 @@ def test_no_stretch_of_a_window_holds_more_than_the_limit() -> None:
         inside = sum(1 for moment in taken[index:] if moment < start + seconds)
         assert inside <= limit
     assert SLOTS == 64
+
+
+def test_the_documented_arithmetic_of_the_receivers_budgets() -> None:
+    """The figures docs/guides/limits.md gives, from the functions that decide them."""
+    defaults = PullSettings()
+    assert defaults.receive_seats(1000) == (32, 500)
+    assert defaults.receive_seats(16) == (4, 8)
+    assert defaults.receive_seats(2) == (1, 1)
+    body = 256 * 1024
+    assert defaults.queue_leases(3, body) == 85  # 64 MiB / (3 x 256 KiB)
+    assert 3 * defaults.queue_leases(3, body) * body <= defaults.max_prefetch_bytes
+    assert defaults.queue_leases(3, 16 * 1024) == 256  # capped at max_leases
+    assert defaults.queue_leases(1, 64 << 20) == 10  # the floor: one full receive
+    assert PullSettings(max_leases=4).queue_leases(3, body) == 4
+    assert defaults.token_leases(85) == 42
+    assert defaults.token_lease_limit == 128
