@@ -66,11 +66,18 @@ def read_message(
         tenant=wire.header_text(headers.get(wire.TENANT)),
         enqueued_at=read_enqueued_at(delivery),
         redelivered=bool(delivery.redelivered),
-        delivery_count=max(0, wire.header_int(headers.get(wire.DELIVERY_COUNT)) or 0),
+        delivery_count=_delivery_count(headers),
         # Bands are contiguous ranges, hottest first: a priority below the band's range
         # belongs to a colder band, which the broker promoted it from.
         promoted=priority < band.low,
     )
+
+
+def _delivery_count(headers: Mapping[str, Any]) -> int:
+    """The broker's count of this copy's returns, plus what it had counted of the copies a
+    shutdown gave back before (`wire.DELIVERIES_BEFORE`)."""
+    counted = max(0, wire.header_int(headers.get(wire.DELIVERY_COUNT)) or 0)
+    return counted + max(0, wire.header_int(headers.get(wire.DELIVERIES_BEFORE)) or 0)
 
 
 def _payload(body: bytes, content_type: str | None) -> Any:

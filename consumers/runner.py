@@ -168,7 +168,10 @@ class ConsumerRunner:
         telemetry: Telemetry | None = None,
         tombstones: Tombstones | None = None,
         hooks: RunnerHooks | None = None,
+        hand_back_on_stop: bool = False,
     ) -> None:
+        """`hand_back_on_stop`: while stopping, give messages back as copies that keep their
+        delivery count (`Settler.hand_back`), for brokers that count every return."""
         spec = consumer.spec
         self.consumer = consumer
         self.spec = spec
@@ -177,6 +180,7 @@ class ConsumerRunner:
         self.timings = timings
         self.tombstones = tombstones
         self.hooks = hooks
+        self.hand_back_on_stop = hand_back_on_stop
         self.concurrency = concurrency or consumer.options.concurrency
         self.prefetch, self.dispatcher = plan(
             spec,
@@ -505,9 +509,23 @@ class ConsumerRunner:
         which returns its messages in order."""
         subscription = delivery.subscription
         if not subscription.single_active:
+            if not counted and self.lifetime.stopping and await self._hand_back(delivery):
+                return
             await self.settler.give_back(delivery.incoming, counted=counted)
         elif not self.lifetime.stopping:
             self.hand_over(subscription)
+
+    async def _hand_back(self, delivery: Delivery) -> bool:
+        """With `hand_back_on_stop`, give a message back as a copy that keeps its delivery
+        count (`Settler.hand_back`); False when it was not (a malformed one is returned)."""
+        if not self.hand_back_on_stop:
+            return False
+        band = self.spec.bands[delivery.band]
+        try:
+            message = read_message(delivery.incoming, self.spec, band)
+        except MalformedMessage:
+            return False
+        return await self.settler.hand_back(delivery.incoming, message, band)
 
     def hand_over(self, subscription: Subscription) -> None:
         """Give a single-active queue back to the broker, in order, then subscribe again.

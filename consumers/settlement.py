@@ -48,6 +48,7 @@ from bandgate.topology import wire
 from bandgate.topology.model import Band
 from bandgate.topology.wire import (
     ATTEMPTS,
+    DELIVERIES_BEFORE,
     FAILED_AT,
     FAILURE_CAUSE,
     FAILURE_REASON,
@@ -155,6 +156,35 @@ class Settler:
                 exc,
             )
             return False
+        return True
+
+    async def hand_back(self, delivery: Delivered, message: Message, band: Band) -> bool:
+        """Give a message back as a copy at the back of its band, carrying the deliveries the
+        broker counted so far (`wire.DELIVERIES_BEFORE`), confirmed, then ack it: how a
+        stopping process gives back on a broker that counts every return (before 4.3), where a
+        nack would count a graceful shutdown towards the delivery limit (5 rolling restarts
+        dead-lettered a healthy leased message). False when the copy was not confirmed:
+        nothing was acked, give it back the usual way."""
+        extra = carried_headers(delivery.headers)
+        extra[DELIVERIES_BEFORE] = message.delivery_count
+        copy = _Copy(
+            queue=message.queue,
+            payload=message.payload,
+            priority=max(message.priority, band.low),  # its band, should aging have promoted it
+            message_id=message.message_id,
+            enqueued_at=message.enqueued_at,
+            partition_key=message.partition_key,
+            tenant=message.tenant,
+            attempt=message.attempt,
+            extra_headers=extra,
+            raw_body=delivery.body,
+        )
+        try:
+            await self.publisher.publish(copy)
+        except PublishFailure as exc:
+            log.warning("could not hand %s back (%s); returning it", message.message_id, exc)
+            return False
+        await self.ack(delivery, message.message_id)
         return True
 
     async def give_back(self, delivery: Delivered, *, counted: bool = False) -> None:

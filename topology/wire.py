@@ -56,6 +56,11 @@ REPLAYS = "x-bandgate-replays"  # how often a message was replayed from its dead
 # Quorum queues count deliveries in this header; a copy that kept it would look like a message
 # that crashed workers.
 DELIVERY_COUNT = "x-delivery-count"
+# The deliveries the broker had counted when a stopping gateway or worker gave the message back
+# as a copy (`Settler.hand_back`): RabbitMQ before 4.3 counts every return, a graceful one too,
+# so a shutdown gives back a copy, whose own count starts from 0, carrying the earlier count
+# here. A message's delivery count is the sum of the two.
+DELIVERIES_BEFORE = "x-bandgate-deliveries"
 
 # Headers the broker adds when it dead-letters. A republish must drop them: a message that
 # goes through the same delay levels again with its old x-death is dropped silently by the
@@ -90,6 +95,7 @@ _REWRITTEN = frozenset(
         ATTEMPT,
         QUEUE,
         DELIVERY_COUNT,
+        DELIVERIES_BEFORE,
         *BROKER_DEATH_HEADERS,
         *DEAD_LETTER_HEADERS,
     )

@@ -257,6 +257,53 @@ async def test_one_small_receive_holds_at_most_the_byte_budget(
     assert held * len(payload) <= pull.max_prefetch_bytes
 
 
+# -- finding 5: a graceful shutdown is not a delivery ----------------------------------------
+
+
+async def lease_one(http: httpx.AsyncClient) -> dict[str, Any]:
+    response = await http.post(
+        "/v1/queues/tenant-a/receive",
+        json={"max_messages": 10, "wait_seconds": 10, "visibility_timeout": 600},
+        headers=bearer(NOISY),
+    )
+    assert response.status_code == 200, response.text
+    messages: list[dict[str, Any]] = response.json()["messages"]
+    assert [m["message_id"] for m in messages] == ["healthy"]
+    return messages[0]
+
+
+async def test_graceful_restarts_with_a_message_leased_do_not_dead_letter_it(
+    secured: GatewaySettings, topology: Topology, amqp: AbstractRobustConnection
+) -> None:
+    """Finding 5: on RabbitMQ before 4.3 every return counts in `x-delivery-count`, a
+    graceful shutdown's too; a message leased through 5 restarts of its gateway (a rolling
+    deploy) was dead-lettered for `delivery-limit` (`max_deliveries` 5), though no client
+    failed it. A stopping gateway now gives it back as a copy that keeps the count without
+    this return (on 4.3 a nack, which 4.3 does not count): after 5 restarts it is received
+    a 6th time, as received once."""
+    async with gateway(secured, topology) as http:
+        published = await http.post(
+            "/v1/queues/tenant-a/messages",
+            json={"payload": {"ok": True}, "message_id": "healthy"},
+            headers=bearer(NOISY),
+        )
+        assert published.status_code == 201, published.text
+        await lease_one(http)
+    for _ in range(4):
+        async with gateway(secured, topology) as http:
+            assert (await lease_one(http))["receive_count"] == 1
+    async with gateway(secured, topology) as http:
+        message = await lease_one(http)
+        assert message["receive_count"] == 1
+        acked = await http.delete(
+            f"/v1/queues/tenant-a/receipts/{message['receipt']}", headers=bearer(NOISY)
+        )
+        assert acked.status_code == 204, acked.text
+    depths = await queue_depths(amqp, topology)
+    assert depths["tenant-a.dlq"] == 0
+    assert sum(depth for name, depth in depths.items() if name.startswith("tenant-a")) == 0
+
+
 def consumed(metrics: str, queue: str, outcome: str) -> float:
     return sum(
         sample.value
