@@ -19,6 +19,7 @@ from bandgate.core.broker import BrokerLink
 from bandgate.core.heap import freeze_startup_heap
 from bandgate.core.telemetry import Telemetry
 from bandgate.gateway import log_lines
+from bandgate.gateway.api_docs import docs_routes
 from bandgate.gateway.auth import Authenticator, AuthMiddleware
 from bandgate.gateway.budgets import Window
 from bandgate.gateway.console import console_routes
@@ -135,6 +136,7 @@ def create_app(
             *message_routes(),
             *dlq_routes(),
             *console_routes(),
+            *docs_routes(),
             *(route for extension in extensions for route in extension.routes()),
         ],
         middleware=middleware,

@@ -55,3 +55,5 @@ def test_the_wheel_ships_the_console_page(wheel: zipfile.ZipFile) -> None:
     names = set(wheel.namelist())
     for asset in ("console.html", "console.js", "console.css"):
         assert f"bandgate/gateway/console_assets/{asset}" in names
+    for asset in ("docs.html", "redoc.standalone.js", "REDOC-LICENSE.txt"):
+        assert f"bandgate/gateway/docs_assets/{asset}" in names
