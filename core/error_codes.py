@@ -62,7 +62,10 @@ MALFORMED_JSON = _code(
     "(from the Python producer: a payload or header JSON cannot carry, such as NaN or a datetime)",
 )
 MALFORMED_PATH = _code(
-    "malformed_path", 400, _CLIENT, "a percent-escape in the path is not UTF-8 (as for a body)"
+    "malformed_path",
+    400,
+    _CLIENT,
+    "a percent-escape in the path or the query is not UTF-8 (as for a body)",
 )
 UNAUTHORIZED = _code("unauthorized", 401, _CLIENT, "no bearer token")
 INVALID_TOKEN = _code("invalid_token", 401, _CLIENT, "the bearer token is not valid")

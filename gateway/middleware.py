@@ -105,28 +105,43 @@ def _request_id(scope: Scope) -> str:
 
 
 class Utf8PathMiddleware:
-    """Paths under the rule bodies follow: percent-escapes must be UTF-8. The server decodes
-    an escape that is not (`%FF`) to U+FFFD, so different raw ids would name one message:
-    such a path is refused (400 `malformed_path`). Only a path holding U+FFFD is looked at
-    again, in its raw form (one that escapes U+FFFD itself is valid)."""
+    """Paths and query strings under the rule bodies follow: percent-escapes must be UTF-8.
+    The server decodes an escape that is not (`%FF`) to U+FFFD, so different raw ids would
+    name one message, and Starlette does the same to a query (`?reason=%FF` filtered dead
+    letters by U+FFFD): such a request is refused (400 `malformed_path`). Only a path holding
+    U+FFFD is looked at again, in its raw form (one that escapes U+FFFD itself is valid), and
+    only a query holding an escape or a byte beyond ASCII."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and "\ufffd" in scope["path"]:
-            raw = scope.get("raw_path")
-            try:
-                if raw is not None:
-                    unquote_to_bytes(raw.split(b"?", 1)[0]).decode()
-            except UnicodeDecodeError:
-                error = ApiError.of(
-                    error_codes.MALFORMED_PATH,
-                    "the path's percent-escapes are not UTF-8 (escape UTF-8 bytes: %C3%A9)",
-                )
-                await error_response(error)(scope, receive, send)
-                return
+        if scope["type"] == "http" and (where := _not_utf8(scope)) is not None:
+            error = ApiError.of(
+                error_codes.MALFORMED_PATH,
+                f"the {where}'s percent-escapes are not UTF-8 (escape UTF-8 bytes: %C3%A9)",
+            )
+            await error_response(error)(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+
+def _not_utf8(scope: Scope) -> str | None:
+    """The part of the URL (path or query) whose percent-escapes, or raw bytes, are not
+    UTF-8; None when both are."""
+    raw = scope.get("raw_path")
+    query: bytes = scope.get("query_string", b"")
+    try:
+        if raw is not None and "\ufffd" in scope["path"]:
+            unquote_to_bytes(raw.split(b"?", 1)[0]).decode()
+    except UnicodeDecodeError:
+        return "path"
+    try:
+        if b"%" in query or not query.isascii():
+            unquote_to_bytes(query).decode()
+    except UnicodeDecodeError:
+        return "query"
+    return None
 
 
 def too_large(limit: int) -> ApiError:

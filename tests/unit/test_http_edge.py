@@ -147,6 +147,18 @@ async def test_a_path_id_follows_the_utf8_rule_of_bodies(client: httpx.AsyncClie
     assert (await client.get("/v1/ids/%C3%A9")).json() == {"id": "é"}
 
 
+async def test_a_query_follows_the_utf8_rule_of_bodies(client: httpx.AsyncClient) -> None:
+    """`?reason=%FF` became U+FFFD in Starlette's query parameters: refused like a path."""
+    CALLS.clear()
+    for query in ("reason=%FF", "reason=a%C3", "%FF=1"):
+        response = await client.get(f"/v1/replay?{query}")
+        assert code(response) == (400, "malformed_path"), query
+        assert "query" in response.json()["error"]["message"]
+    assert CALLS == []
+    for query in ("reason=%C3%A9", "reason=%EF%BF%BD", "limit=5&reason=a+b", ""):
+        assert (await client.get(f"/v1/replay?{query}")).status_code == 200, query
+
+
 async def test_a_client_that_hangs_up_mid_body_is_one_info_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
