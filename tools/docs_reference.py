@@ -1,6 +1,7 @@
 """The reference pages' tables, printed from the code so they cannot drift from it: the
-configuration from the settings classes, the command line from its typer app, the error codes
-from their registry (`core.error_codes`), the metrics from their definitions (`core.telemetry`).
+configuration from the settings classes and the topology file's model, the command line from
+its typer app, the error codes from their registry (`core.error_codes`), the metrics from their
+definitions (`core.telemetry`).
 
 `python -m tools.docs_reference` rewrites the blocks between `<!-- reference:NAME -->` and
 `<!-- /reference:NAME -->` in docs/reference/*.md (the prose around them is written by hand);
@@ -16,7 +17,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic_settings import BaseSettings
 
@@ -25,8 +27,11 @@ REFERENCE = ROOT / "docs" / "reference"
 
 
 def _cell(text: str) -> str:
-    """One table cell: no line breaks, and no `|` that would split it."""
-    return " ".join(text.split()).replace("|", "\\|")
+    """One table cell: no line breaks, no `|` that would split it, and no `<name>` outside
+    backticks that Markdown would take for an HTML tag."""
+    parts = " ".join(text.split()).replace("|", "\\|").split("`")
+    parts[::2] = [part.replace("<", "&lt;").replace(">", "&gt;") for part in parts[::2]]
+    return "`".join(parts)
 
 
 def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
@@ -88,6 +93,70 @@ def configuration_section() -> str:
         rows = [(f"`{s.variable}`", s.default, s.description) for s in settings_of(cls)]
         parts.append(f"### {title}\n\n`{cls.__module__}.{cls.__name__}`:\n")
         parts.append(_table(("variable", "default", "meaning"), rows) + "\n")
+    return "\n".join(parts).rstrip("\n")
+
+
+# --- the topology file ---------------------------------------------------------------------
+
+TOML_TYPES = {str: "string", int: "integer", float: "float", bool: "boolean", Path: "string"}
+
+
+def _toml_type(annotation: Any) -> str:
+    """How a field's type reads in TOML terms."""
+    from pydantic import BaseModel
+
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return " or ".join(f"`{json.dumps(value)}`" for value in args)
+    if origin in (UnionType, Union):
+        kinds = [_toml_type(arg) for arg in args if arg is not type(None)]
+        return " or ".join(kinds) + (" (optional)" if type(None) in args else "")
+    if origin is tuple:
+        return "array of tables" if args[-1] is Ellipsis else "[low, high]"
+    if origin is dict:
+        return "tables"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "table"
+    return TOML_TYPES.get(annotation, str(annotation))
+
+
+def _toml_default(field: Any) -> str:
+    from pydantic import BaseModel
+    from pydantic_core import PydanticUndefined
+
+    if field.is_required():
+        return "required"
+    if field.default is PydanticUndefined:
+        made = field.default_factory()
+        return "see below" if isinstance(made, BaseModel) else "see the meaning"
+    return _default(field.default).replace("unset", "none")
+
+
+def topology_tables() -> list[tuple[str, Any]]:
+    from bandgate.topology import model
+
+    return [
+        ("the top level", model.Topology),
+        ("`[delay]`", model.DelaySettings),
+        ("`[ledger]`", model.LedgerSettings),
+        ("`[queues.<name>]`", model.QueueSpec),
+        ("`retry` of a queue (`[queues.<name>.retry]`)", model.RetryPolicy),
+        ("`[[queues.<name>.bands]]`, hottest first", model.Band),
+    ]
+
+
+def topology_section() -> str:
+    from bandgate.topology import model
+
+    parts = []
+    for title, cls in topology_tables():
+        rows = [
+            (f"`{name}`", _toml_type(field.annotation), _toml_default(field), field.description)
+            for name, field in cls.model_fields.items()
+            if not (cls is model.QueueSpec and name == "name")  # the table's key names it
+        ]
+        parts.append(f"### {title}\n")
+        parts.append(_table(("key", "type", "default", "meaning"), rows) + "\n")
     return "\n".join(parts).rstrip("\n")
 
 
@@ -213,6 +282,7 @@ def metrics_section() -> str:
 
 SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "configuration": ("configuration.md", configuration_section),
+    "topology": ("topology.md", topology_section),
     "cli": ("cli.md", cli_section),
     "errors": ("errors.md", errors_section),
     "metrics": ("metrics.md", metrics_section),

@@ -46,13 +46,22 @@ class _Frozen(BaseModel):
 class Band(_Frozen):
     """A contiguous priority range of one logical queue, stored in its own RabbitMQ queue."""
 
-    name: BandName
+    name: BandName = Field(description="the band's name; its queue is <queue>.<name>")
     priorities: tuple[int, int] = Field(description="lowest and highest priority, inclusive")
-    type: QueueType = "quorum"
+    type: QueueType = Field(
+        default="quorum",
+        description="quorum (replicated) or classic (x-max-priority: exact priority order "
+        "inside the band, not replicated)",
+    )
     age_after_seconds: float | None = Field(
         default=None, gt=0, description="promote to the next band up after waiting this long"
     )
-    max_length: int | None = Field(default=None, gt=0)
+    max_length: int | None = Field(
+        default=None,
+        gt=0,
+        description="messages the band holds at most; then publishes are refused "
+        "(reject-publish: 429 queue_full)",
+    )
     weight: float | None = Field(default=None, gt=0, description="share under `weighted`")
     shards: int = Field(
         default=1,
@@ -101,10 +110,16 @@ class Band(_Frozen):
 class RetryPolicy(_Frozen):
     """How failures are retried before a message is dead-lettered."""
 
-    max_attempts: int = Field(default=5, ge=1, le=1000)
-    backoff_initial_seconds: float = Field(default=1.0, ge=0)
-    backoff_multiplier: float = Field(default=2.0, ge=1)
-    backoff_max_seconds: float = Field(default=300.0, ge=0)
+    max_attempts: int = Field(
+        default=5, ge=1, le=1000, description="failed attempts before the message is dead-lettered"
+    )
+    backoff_initial_seconds: float = Field(
+        default=1.0, ge=0, description="the delay before the first retry"
+    )
+    backoff_multiplier: float = Field(default=2.0, ge=1, description="each next retry's factor")
+    backoff_max_seconds: float = Field(
+        default=300.0, ge=0, description="the longest delay between two attempts"
+    )
     jitter: float = Field(default=0.1, ge=0, le=1, description="± fraction of each delay")
     max_deliveries: int = Field(
         default=5, ge=1, description="redeliveries (worker crashes) before dead-lettering"
@@ -138,11 +153,20 @@ class QueueSpec(_Frozen):
     default `all`, priorities 0-9) of one shard, and refuses `skip`.
     """
 
-    name: QueueName
-    bands: tuple[Band, ...] = Field(default_factory=default_bands)
-    retry: RetryPolicy = Field(default_factory=RetryPolicy)
-    ordered: bool = False
-    ordering_required: bool = False
+    name: QueueName = Field(description="the logical queue's name, from its [queues.<name>] key")
+    bands: tuple[Band, ...] = Field(
+        default_factory=default_bands,
+        description="hottest first, covering 0-9 (default: hot 7-9, warm 4-6, cold 0-3)",
+    )
+    retry: RetryPolicy = Field(default_factory=RetryPolicy, description="retries and back-off")
+    ordered: bool = Field(
+        default=False,
+        description="per-key order: one active consumer per band queue, failures retried in place",
+    )
+    ordering_required: bool = Field(
+        default=False,
+        description="every message in publish order, one at a time, cluster-wide (one band)",
+    )
     failure_strategy: FailureStrategy | None = Field(
         default=None,
         description="ordered queues: skip (dead-letter at the first failure), block (retry in "
@@ -293,7 +317,12 @@ class DelaySettings(_Frozen):
     base_ms: int = Field(default=50, ge=1, description="TTL of delay level 0")
     # 26 levels of 50 ms reach 38.8 days: past the 30 days of Cloud Tasks (SQS stops at 15
     # minutes); each further level doubles the reach.
-    levels: int = Field(default=26, ge=1, le=MAX_DELAY_LEVELS)
+    levels: int = Field(
+        default=26,
+        ge=1,
+        le=MAX_DELAY_LEVELS,
+        description="levels of the delay ladder: level k holds base_ms x 2^k; 26 reach 38.8 days",
+    )
 
 
 class LedgerSettings(_Frozen):
@@ -332,10 +361,14 @@ class UnknownQueueError(KeyError):
 class Topology(_Frozen):
     """Everything declared on the broker for one bandgate deployment."""
 
-    exchange: ExchangeName = "bandgate"
-    delay: DelaySettings = Field(default_factory=DelaySettings)
-    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
-    queues: dict[str, QueueSpec] = Field(default_factory=dict)
+    exchange: ExchangeName = Field(
+        default="bandgate", description="the topic exchange that routes <queue>.<priority>"
+    )
+    delay: DelaySettings = Field(default_factory=DelaySettings, description="the delay ladder")
+    ledger: LedgerSettings = Field(
+        default_factory=LedgerSettings, description="retention of the tombstone ledger"
+    )
+    queues: dict[str, QueueSpec] = Field(default_factory=dict, description="the logical queues")
 
     @model_validator(mode="before")
     @classmethod

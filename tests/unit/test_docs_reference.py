@@ -1,7 +1,8 @@
-"""The reference pages (docs/reference/) hold exactly what `tools.docs_reference` prints from
-the code, and the code leaves nothing without words: every setting has a description, every
-command and option a help text, every metric defined anywhere a line on the metrics page, every
-error code its meaning. When a block is stale, `python -m tools.docs_reference` rewrites it."""
+"""The reference pages (docs/reference/) hold exactly what `tools.docs_reference` prints from the
+code, and the code leaves nothing without words: every setting and every key of the topology
+file has a description, every command and option a help text, every metric defined anywhere a
+line on the metrics page, every error code its meaning. When a block is stale, `python -m
+tools.docs_reference` rewrites it."""
 
 from __future__ import annotations
 
@@ -33,6 +34,16 @@ def test_every_setting_has_a_description() -> None:
         if not setting.description.strip()
     ]
     assert not missing, "add description= to these Fields"
+
+
+def test_every_key_of_the_topology_file_has_a_description() -> None:
+    missing = [
+        f"{cls.__name__}.{name}"
+        for _, cls in docs_reference.topology_tables()
+        for name, field in cls.model_fields.items()
+        if not (field.description or "").strip()
+    ]
+    assert not missing, "add description= to these Fields of topology/model.py"
 
 
 def test_every_command_argument_and_option_has_help() -> None:
