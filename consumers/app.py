@@ -69,6 +69,7 @@ class ConsumerApp:
         max_deliveries: int | None = None,
         prefetch: Mapping[str, int] | None = None,
         dedupe: bool = False,
+        hot_reserve: int = 0,
     ) -> Callable[[HandlerT], HandlerT]:
         """Register the decorated function as the handler of `queue`; it is returned unchanged.
 
@@ -81,6 +82,10 @@ class ConsumerApp:
         - `dedupe`: run a message id once within the ledger's retention window: a copy
           published again with the same id (after a `confirm_timeout`, say) is skipped. Each
           handled message is recorded in the ledger first, which costs a confirmed publish.
+        - `hot_reserve`: slots the coldest band never takes, kept for hotter bands even after
+          a quiet spell, so the first hot message after one starts at once instead of waiting
+          for a cold handler to end (`bandgate.consumers.scheduling`, "Headroom"); cold work
+          then runs on `concurrency - hot_reserve` slots at most.
 
         On an ordered queue, a partition key's messages run one at a time in order and failures
         are retried in place (`bandgate.consumers.decision`); a strictly serial one runs one
@@ -96,6 +101,7 @@ class ConsumerApp:
             max_deliveries=max_deliveries,
             prefetch=prefetch,
             dedupe=dedupe,
+            hot_reserve=hot_reserve,
         )
 
         def register(handler: HandlerT) -> HandlerT:

@@ -51,6 +51,7 @@ class ConsumerOptions:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     prefetch_overrides: Mapping[str, int] = field(default_factory=dict)
     dedupe: bool = False
+    hot_reserve: int = 0  # slots the coldest band never takes (`scheduling`, "Headroom")
 
     def prefetch(self, spec: QueueSpec, concurrency: int | None = None) -> tuple[int, ...]:
         """Prefetch per band (hottest first) at `concurrency` (default: the declared one); a
@@ -82,6 +83,7 @@ def check_options(
     max_deliveries: Any,
     prefetch: Any,
     dedupe: Any = False,
+    hot_reserve: Any = 0,
 ) -> tuple[QueueSpec, ConsumerOptions]:
     """The queue's spec and the validated options; `ConfigurationError` on any problem."""
     where = f"@consumer({queue!r})"
@@ -104,6 +106,11 @@ def check_options(
         raise ConfigurationError(f"{where}: time_limit must be seconds > 0, not {time_limit!r}")
     if not isinstance(dedupe, bool):
         raise ConfigurationError(f"{where}: dedupe must be True or False, not {dedupe!r}")
+    if not _is_int(hot_reserve) or not 0 <= hot_reserve < concurrency:
+        raise ConfigurationError(
+            f"{where}: hot_reserve must be an integer from 0 to concurrency - 1 "
+            f"({concurrency - 1}), not {hot_reserve!r}"
+        )
     return spec, ConsumerOptions(
         queue=queue,
         concurrency=concurrency,
@@ -112,6 +119,7 @@ def check_options(
         retry=_retry_policy(where, spec.retry, max_attempts, max_deliveries),
         prefetch_overrides=_prefetch(where, spec, prefetch),
         dedupe=dedupe,
+        hot_reserve=hot_reserve,
     )
 
 

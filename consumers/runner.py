@@ -190,6 +190,7 @@ class ConsumerRunner:
             self.concurrency,
             refill_wait=timings.refill_wait,
             idle_after=timings.headroom_after,
+            hot_reserve=consumer.options.hot_reserve,
         )
         self.lifetime = Lifetime()
         self.subscriptions = [

@@ -140,10 +140,19 @@ reserve grows: 2 slots at `rho` = 0.1, 4 at 0.35. After `idle_after` seconds wit
 arrival (or `quiet_after` once a hotter band's backlog drained on the broker), the reserve is 0
 and cold work fills every slot.
 
+A consumer that must bound the first hotter message's wait after a quiet spell keeps a floor
+(`hot_reserve`; `BANDGATE_PULL_HOT_RESERVE` for HTTP receivers): the reserve is never below
+it (nor above `C - floor`), quiet or not. That message then finds a slot free (over HTTP, a
+receive waiting, where the receivers keep one waiting) instead of waiting for a cold message
+to end, which is the handler's time or a cold lease's (3 s in the case that asked for it). Its
+cost: cold work runs on `C - hot_reserve` slots at most, its drain that much slower when the
+handlers, not the broker, set the pace.
+
 Only where it is safe and needed (`keeps_headroom`): the strict policy,
 more than one band, the coldest band's default prefetch (an override keeps that prefetch and
 no headroom), one competing consumer queue for it (not sharded, not ordered), and
-`idle_after` > 0 (0 keeps the coldest band at its small prefetch, as before the headroom).
+`idle_after` > 0 or a `hot_reserve` (with neither, the coldest band keeps its small prefetch,
+as before the headroom).
 
 The slots are the worker's concurrency `C`. Where takers come and go (a runner its caller
 drives with `take`, as HTTP receivers do: `bandgate.pull`), they are the messages running and
@@ -243,9 +252,12 @@ class Headroom:
         *,
         idle_after: float,
         quiet_after: float = 0.0,
+        kept: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`kept`: slots the reserve keeps free at the least, quiet or not (`hot_reserve`)."""
         self.concurrency = concurrency
+        self.kept = kept
         self._waiting: int | None = None  # takers waiting; None: the slots are `concurrency`
         self.idle_after = idle_after
         self.quiet_after = min(quiet_after, idle_after)
@@ -305,10 +317,15 @@ class Headroom:
         return cold_running < floor(slots) or running + self.reserve(slots) < slots
 
     def reserve(self, slots: int | None = None) -> int:
-        """Slots to keep free of cold work, of `slots` (default: the concurrency)."""
+        """Slots to keep free of cold work, of `slots` (default: the concurrency): what the
+        hotter bands' recent work asks for, and `kept` at the least."""
+        slots = self.concurrency if slots is None else slots
+        return max(min(self.kept, cap(slots)), self._wanted(slots))
+
+    def _wanted(self, slots: int) -> int:
+        """The reserve hotter work's recent arrivals ask for (0 after a quiet spell)."""
         if self.idle_until() is None:
             return 0
-        slots = self.concurrency if slots is None else slots
         most = cap(slots)
         share = self.share()
         target = math.e * WAIT_CHANCE
@@ -784,12 +801,14 @@ def keeps_headroom(
     overrides: Container[str],
     prefetch: Sequence[int],
     idle_after: float,
+    hot_reserve: int = 0,
 ) -> bool:
     """Whether the coldest band of `spec` shares the slots through a headroom (see "Headroom"),
-    under a consumer's `policy`, prefetch `overrides` (band names) and `prefetch` per band."""
+    under a consumer's `policy`, prefetch `overrides` (band names) and `prefetch` per band, a
+    reserve that follows hotter arrivals for `idle_after` seconds and `hot_reserve` always."""
     coldest = spec.bands[-1]
     return (
-        idle_after > 0
+        (idle_after > 0 or hot_reserve > 0)
         and policy == "strict"
         and len(spec.bands) > 1
         and coldest.shards == 1
@@ -840,13 +859,16 @@ def plan(
     *,
     refill_wait: float,
     idle_after: float,
+    hot_reserve: int = 0,
 ) -> tuple[tuple[int, ...], Dispatcher[Delivery]]:
     """A consumer's prefetch per band (hottest first) and its dispatcher: the band `policy`,
     per-key order, the shard merge and, where it applies (`keeps_headroom`), the headroom;
     `prefetch` is the consumer's, with its `overrides` (band names)."""
     headroom = None
-    if keeps_headroom(spec, policy, overrides, prefetch, idle_after):
-        headroom = Headroom(concurrency, idle_after=idle_after, quiet_after=refill_wait)
+    if keeps_headroom(spec, policy, overrides, prefetch, idle_after, hot_reserve):
+        headroom = Headroom(
+            concurrency, idle_after=idle_after, quiet_after=refill_wait, kept=hot_reserve
+        )
         # The dispatcher, not the prefetch, keeps the coldest band off hotter work's slots.
         prefetch = (*prefetch[:-1], prefetch[0])
     dispatcher: Dispatcher[Delivery] = Dispatcher(

@@ -129,10 +129,13 @@ class PullQueue:
             concurrency=leases,
             retry=spec.retry,
             prefetch_overrides={band.name: leases for band in spec.bands if band.name != coldest},
+            hot_reserve=min(settings.hot_reserve, leases - 1),
         )
         boost = settings.cold_boost_seconds
         overrides = options.prefetch_overrides
-        if not keeps_headroom(spec, options.policy, overrides, options.prefetch(spec), boost):
+        prefetch = options.prefetch(spec)
+        reserve = options.hot_reserve
+        if not keeps_headroom(spec, options.policy, overrides, prefetch, boost, reserve):
             every = {band.name: leases for band in spec.bands}
             options = replace(options, prefetch_overrides=every)
         self._empty: set[object] = set()  # receives waiting with no message yet
@@ -228,7 +231,7 @@ class PullQueue:
                 continue
             if leases:
                 # A batch returns at once: what it takes keeps no receive waiting, headroom or not.
-                taken = runner.take_nowait(within_headroom=False)
+                taken = runner.take_nowait()
                 if taken is None:
                     break  # what is at hand now is all this response gets
             else:

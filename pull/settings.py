@@ -65,6 +65,14 @@ class PullSettings(BaseSettings):
         description="while a hotter message arrived this recently, cold leases leave enough "
         "receives waiting for hotter work (consumers.scheduling); 0: cold leases take any seat",
     )
+    hot_reserve: int = Field(
+        default=0,
+        ge=0,
+        description="leases of a queue (per process) the coldest band never takes, kept for "
+        "hotter bands even after a quiet spell: while receivers keep that many receives "
+        "waiting, the first hot message after a quiet spell is received at once instead of "
+        "after a cold lease ends; cold work then holds at most max_leases minus this",
+    )
     ledger_catchup_seconds: float = Field(
         default=CATCHUP_SECONDS,
         gt=0,

@@ -184,6 +184,46 @@ async def test_the_coldest_band_fills_every_slot_while_hotter_bands_are_idle(
         await publisher.channels.close()
 
 
+async def test_a_hot_reserve_starts_the_first_hot_message_while_cold_work_holds_the_rest(
+    amqp_url: str, topology: Topology, start_worker: StartWorker
+) -> None:
+    """`hot_reserve=1`: a cold backlog alone runs on 7 of 8 slots, and a hot message that
+    comes after a long quiet spell starts at once, while all 7 cold handlers still run
+    (without it, the case above: it waits for a cold handler to end)."""
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        await apply_topology(connection, topology)
+        publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
+        cold = [Envelope(queue="orders", payload={"n": n}, priority=1) for n in range(40)]
+        assert all(isinstance(r, Published) for r in await publisher.publish_many(cold))
+
+        app = ConsumerApp(WorkerSettings(amqp_url=amqp_url), topology=topology)
+        running: Counter[str] = Counter()
+        seven_cold, hot_started, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        @app.consumer("orders", concurrency=8, hot_reserve=1)
+        async def handle(msg: Message) -> None:
+            running[msg.band] += 1
+            if running["cold"] == 7:
+                seven_cold.set()
+            if msg.band == "hot":
+                hot_started.set()
+                assert running["cold"] == 7  # no cold handler had to end first
+                return
+            await release.wait()
+            running[msg.band] -= 1
+
+        await start_worker(app)
+        try:
+            await asyncio.wait_for(seven_cold.wait(), 10)
+            await publisher.publish(Envelope(queue="orders", payload={"hot": True}, priority=8))
+            await asyncio.wait_for(hot_started.wait(), 10)
+            assert running["cold"] == 7  # the eighth slot was kept, not given to cold work
+        finally:
+            release.set()
+        await publisher.channels.close()
+
+
 async def test_the_coldest_band_fills_every_slot_once_a_hotter_backlog_drained(
     amqp_url: str, topology: Topology, start_worker: StartWorker
 ) -> None:

@@ -332,6 +332,38 @@ async def test_cold_leases_leave_receives_waiting_for_hot_messages(
         assert response.status_code == 204
 
 
+async def test_a_hot_reserve_keeps_a_receive_for_the_first_hot_message_after_a_quiet_spell(
+    gateway_settings: GatewaySettings, topology: Topology
+) -> None:
+    """Four receivers ask for one message each beside a cold backlog, nothing hot for a long
+    while (the headroom follows hotter arrivals and is 0 then). Without a reserve each takes a
+    cold message and the next hot one waits for a cold lease to end (3 s in the case reported);
+    with `BANDGATE_PULL_HOT_RESERVE=1` one receive keeps waiting, and the hot message goes to
+    it while every cold lease is still held."""
+    settings = PullSettings(linger_seconds=0.05, hot_reserve=1)
+    async with served(gateway_settings, topology, settings) as http:
+        for index in range(10):
+            await publish(http, "orders", payload={"cold": index}, priority=1)
+        asking = [
+            asyncio.create_task(
+                receive(http, "orders", max_messages=1, wait_seconds=15, visibility_timeout=60)
+            )
+            for _ in range(4)
+        ]
+        pending = set(asking)
+        while len(pending) > 1:  # three take cold messages; the reserve keeps the fourth
+            _, pending = await asyncio.wait(pending, timeout=15, return_when="FIRST_COMPLETED")
+            assert pending, "every receive took a cold message"
+        held = [message for task in asking if task.done() for message in task.result()]
+        assert [message["band"] for message in held] == ["cold"] * 3
+        await publish(http, "orders", payload={"hot": 0}, priority=8)
+        [hot] = await pending.pop()
+        assert hot["payload"] == {"hot": 0}
+        for message in [*held, hot]:  # settled only now: the cold leases were held throughout
+            response = await http.delete(f"/v1/queues/orders/receipts/{message['receipt']}")
+            assert response.status_code == 204
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "code"),
     [

@@ -77,6 +77,9 @@ def test_prefetch_defaults_follow_the_concurrency_and_accept_overrides(app: Cons
         ("orders", {"prefetch": {"tepid": 3}}, "prefetch names band 'tepid'"),
         ("orders", {"prefetch": {"hot": 0}}, "prefetch of band 'hot' must be >= 1"),
         ("orders", {"prefetch": [1, 2]}, "prefetch must map band names to counts"),
+        ("orders", {"hot_reserve": -1}, "hot_reserve must be an integer from 0 to"),
+        ("orders", {"concurrency": 4, "hot_reserve": 4}, "concurrency - 1 (3), not 4"),
+        ("orders", {"hot_reserve": 1.5}, "hot_reserve must be an integer"),
     ],
 )
 def test_bad_options_fail_when_the_decorator_runs(

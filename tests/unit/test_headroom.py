@@ -55,6 +55,21 @@ def test_no_reserve_until_hotter_work_arrives_and_none_after_it_stops() -> None:
     assert room.reserve() == 0
 
 
+def test_a_hot_reserve_keeps_its_slots_after_a_quiet_spell_and_no_more_than_the_cap() -> None:
+    """`hot_reserve` is the least reserve, quiet or not; hotter traffic may ask for more; the
+    coldest band's floor is never taken from it (16 slots: at most 12 reserved)."""
+    clock = Clock()
+    room = Headroom(C, idle_after=0.5, kept=2, clock=clock)
+    assert room.reserve() == 2  # nothing hotter ever came
+    run_for(room, clock, 2.0, hotter=800, colder=800)
+    assert room.reserve() > 2  # hotter work on half the starts asks for more
+    clock.now += 0.6
+    assert room.reserve() == 2  # quiet again: the floor stays
+    assert Headroom(C, idle_after=0.5, kept=15, clock=clock).reserve() == C - max(2, C // 4)
+    assert not room.admits(running=C - 2, cold_running=C - 2)  # two slots stay free
+    assert room.admits(running=C - 3, cold_running=C - 3)
+
+
 def test_a_drained_hotter_backlog_gives_the_slots_back_sooner() -> None:
     clock = Clock()
     room = Headroom(C, idle_after=0.5, quiet_after=0.1, clock=clock)
