@@ -89,3 +89,24 @@ def test_the_console_refreshes_as_often_as_its_page_and_the_docs_say() -> None:
     docs = " ".join((DOCS / "guides" / "observability.md").read_text().split())
     assert f"It refreshes every {said}." in docs
     assert f"sampled every {said} while a console is open" in docs
+
+
+def test_every_topology_example_of_the_docs_loads() -> None:
+    """A ```toml block of a page is a whole topology file that bandgate accepts (the tutorial's
+    is bandgate.toml itself, included)."""
+    import tomllib
+
+    from bandgate.topology.model import Topology
+
+    blocks = [
+        (path, block)
+        for path in sorted(DOCS.rglob("*.md"))
+        for block in re.findall(r"```toml\n(.*?)```", path.read_text(encoding="utf-8"), re.S)
+        if not block.startswith("--8<--")
+    ]
+    assert len(blocks) >= 2
+    for path, block in blocks:
+        try:
+            Topology.model_validate(tomllib.loads(block))
+        except ValueError as error:  # a TOML or a validation error
+            pytest.fail(f"{path.relative_to(ROOT)}: {error}")
