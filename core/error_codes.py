@@ -176,6 +176,13 @@ TOO_MANY_RECEIVES = _code(
     "the token (or all tokens together) has as many receives open in this gateway process as "
     "it may (BANDGATE_PULL_MAX_WAITING_PER_TOKEN)",
 )
+TOO_MANY_DLQ_OPERATIONS = _code(
+    "too_many_dlq_operations",
+    429,
+    _NOT_ENQUEUED,
+    "the token runs as many dead-letter operations (list, replay, purge) in this gateway "
+    "process as it may (BANDGATE_MAX_DLQ_OPERATIONS_PER_TOKEN); nothing was done",
+)
 TOO_MANY_TOMBSTONES = _code(
     "too_many_tombstones",
     429,

@@ -21,7 +21,7 @@ from bandgate.core.telemetry import Telemetry
 from bandgate.gateway import log_lines
 from bandgate.gateway.api_docs import docs_routes
 from bandgate.gateway.auth import Authenticator, AuthMiddleware
-from bandgate.gateway.budgets import Window
+from bandgate.gateway.budgets import Seats, Window
 from bandgate.gateway.console import console_routes
 from bandgate.gateway.cross_site import CrossSiteGuard
 from bandgate.gateway.dlq_routes import dlq_routes, finish_dead_letter_work
@@ -89,6 +89,13 @@ def create_app(
         app.state.link = link
         app.state.telemetry = metrics
         app.state.authenticator = authenticator
+        per_token = resolved.max_dlq_operations_per_token
+        app.state.dlq_seats = Seats(
+            per_token,
+            max(per_token, resolved.max_connections // 4),
+            error_codes.TOO_MANY_DLQ_OPERATIONS,
+            "dead-letter operations",
+        )
         app.state.tombstone_budget = Window(
             resolved.max_tombstones_per_token,
             model.ledger.max_age_seconds,

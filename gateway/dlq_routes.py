@@ -37,6 +37,7 @@ from bandgate.core.dead_letters import (
 )
 from bandgate.core.dlq_access import DeadLetterBrokerError, DeadLetterBusy, DeadLetterQueueMissing
 from bandgate.gateway.auth import authorize
+from bandgate.gateway.budgets import Seats
 from bandgate.gateway.errors import ApiError, error_response
 from bandgate.gateway.routes import json_body, json_response, queue_spec, topology_of
 from bandgate.gateway.schemas import validation_error
@@ -59,7 +60,18 @@ class ReplayRequest(BaseModel):
 
 @asynccontextmanager
 async def dead_letter_broker(request: Request) -> AsyncIterator[AbstractRobustConnection]:
-    """The gateway's connection, with dead-letter failures mapped to API errors."""
+    """The gateway's connection, with dead-letter failures mapped to API errors, in one of
+    the token's seats (`GatewaySettings.max_dlq_operations_per_token`): an operation holds a
+    channel, the queue's lock and, for a slow replay, a connection for hours, so one token
+    may run only so many at once."""
+    seats: Seats = request.app.state.dlq_seats
+    with seats.taken(request.state.principal.name):
+        async with _connection(request) as connection:
+            yield connection
+
+
+@asynccontextmanager
+async def _connection(request: Request) -> AsyncIterator[AbstractRobustConnection]:
     link: BrokerLink = request.app.state.link
     if link.connection is None or not link.connected:
         raise ApiError.of(

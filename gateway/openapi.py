@@ -312,6 +312,7 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
                 errors=dlq,
                 query=tuple(_DLQ_QUERY),
                 only={422: (codes.UNKNOWN_FIELD, codes.INVALID_FIELD)},  # the query's
+                more={429: (codes.TOO_MANY_DLQ_OPERATIONS,)},
             ),
             "delete": secured(
                 "purge_dead_letters",
@@ -320,6 +321,7 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
                 _ok("Purged"),
                 errors=dlq,
                 only={422: (codes.UNKNOWN_FIELD,)},  # a query it does not take
+                more={429: (codes.TOO_MANY_DLQ_OPERATIONS,)},
             ),
         },
         "/v1/queues/{queue}/dlq/replay": {
@@ -331,6 +333,7 @@ def _document(limits: ApiLimits) -> dict[str, Any]:
                 errors=dlq,
                 body="ReplayRequest",
                 body_required=False,
+                more={429: (codes.TOO_MANY_DLQ_OPERATIONS,)},
             )
         },
         "/healthz": {"get": public("healthz", "The process is alive", _ok("Health"))},

@@ -70,6 +70,13 @@ class GatewaySettings(BrokerSettings):
         "costs one per message",
     )
     rate_limit_burst: int = Field(default=100, ge=1, description="token bucket size")
+    max_dlq_operations_per_token: int = Field(
+        default=2,
+        ge=1,
+        description="dead-letter operations (list, replay, purge) one token may run at once, "
+        "per process; all tokens together at most a quarter of max_connections; then 429 "
+        "too_many_dlq_operations",
+    )
     max_tombstones_per_token: int = Field(
         default=10_000,
         ge=1,

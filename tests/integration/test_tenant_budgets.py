@@ -8,9 +8,10 @@ import asyncio
 import collections
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aio_pika
 import httpx
 import pytest
 from aio_pika.abc import AbstractRobustConnection
@@ -23,6 +24,7 @@ from bandgate.gateway.settings import GatewaySettings
 from bandgate.ops.local_broker import free_port
 from bandgate.pull.app import create_app
 from bandgate.pull.settings import PullSettings
+from bandgate.topology import naming
 from bandgate.topology.loader import parse_topology
 from bandgate.topology.model import Topology
 from tests.integration.conftest import queue_depths
@@ -302,6 +304,68 @@ async def test_graceful_restarts_with_a_message_leased_do_not_dead_letter_it(
     depths = await queue_depths(amqp, topology)
     assert depths["tenant-a.dlq"] == 0
     assert sum(depth for name, depth in depths.items() if name.startswith("tenant-a")) == 0
+
+
+# -- dead-letter operations ------------------------------------------------------------------
+
+OPS = "ops-secret"  # admin
+OTHER_OPS = "other-ops-secret"  # admin
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(30):
+        # The gateway's state, which no event announces: looked at between its steps.
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+
+async def test_one_token_runs_its_dead_letter_operations_and_leaves_the_others_theirs(
+    secured: GatewaySettings, topology: Topology, amqp: AbstractRobustConnection
+) -> None:
+    """A dead-letter operation holds a channel, the queue's lock and, for a slow replay, a
+    connection for hours. With one operation per token, a token replaying one queue slowly
+    is refused a second one at once (429 `too_many_dlq_operations`), another admin token is
+    not, and the seat comes back when the replay ends (here: its client leaves)."""
+    tokens = (
+        TokenSpec(name="ops", sha256=hash_token(OPS), scopes=("admin",)),
+        TokenSpec(name="other-ops", sha256=hash_token(OTHER_OPS), scopes=("admin",)),
+    )
+    settings = secured.model_copy(update={"tokens": tokens, "max_dlq_operations_per_token": 1})
+    app = create_app(settings, topology)
+    async with app.router.lifespan_context(app):  # the topology declared
+        channel = await amqp.channel()
+        for n in range(3):
+            await channel.default_exchange.publish(
+                aio_pika.Message(b"{}", message_id=f"dead-{n}"),
+                routing_key=naming.dead_letter_queue("tenant-a"),
+            )
+        await channel.close()
+        seats: Seats = app.state.dlq_seats
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://gateway", timeout=60
+        ) as http:
+            slow = asyncio.create_task(
+                http.post(
+                    "/v1/queues/tenant-a/dlq/replay",
+                    json={"rate": 0.1, "limit": 3},
+                    headers=bearer(OPS),
+                )
+            )
+            await until(lambda: seats.held("ops") == 1 or slow.done())
+            assert not slow.done(), slow.result().text
+            refused = await http.get("/v1/queues/tenant-b/dlq", headers=bearer(OPS))
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["error"]["code"] == "too_many_dlq_operations"
+            assert refused.headers["retry-after"] == "1"
+            theirs = await http.get("/v1/queues/tenant-b/dlq", headers=bearer(OTHER_OPS))
+            assert theirs.status_code == 200, theirs.text
+            assert not slow.done()
+            slow.cancel()
+            await asyncio.gather(slow, return_exceptions=True)
+            await until(lambda: seats.held("ops") == 0)
+            again = await http.get("/v1/queues/tenant-a/dlq", headers=bearer(OPS))
+            assert again.status_code == 200, again.text
 
 
 def consumed(metrics: str, queue: str, outcome: str) -> float:
