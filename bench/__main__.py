@@ -28,7 +28,9 @@ from bench.native import run_native
 from bench.priority import run_priority
 from bench.publish import run_publish
 from bench.pull import run_pull
+from bench.reserve import run_reserve
 from bench.shards import run_shards
+from bench.tenants import run_tenants
 
 RESULTS = Path("bench/results")
 
@@ -44,6 +46,8 @@ BENCHMARKS: dict[str, Runner] = {
     "shards": lambda broker, args: run_shards(broker),
     "pull": lambda broker, args: run_pull(broker, args.messages, args.only),
     "ledger": lambda broker, args: run_ledger(broker),
+    "tenants": lambda broker, args: run_tenants(broker),
+    "reserve": lambda broker, args: run_reserve(broker),
 }
 # Benchmarks that start brokers of their own (a cluster), after the others.
 OWN_BROKERS: dict[str, Callable[[argparse.Namespace], list[dict[str, Any]]]] = {

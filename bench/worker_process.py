@@ -67,6 +67,7 @@ class WorkerConfig:
     dedupe: bool = False  # bandgate: the consumer dedupes by message id
     record_ids: bool = False  # bandgate: note when each message id started, and its priority
     expect_settled: int = 0  # bandgate: stop once this many were settled (skips included)
+    hot_reserve: int = 0  # bandgate: slots the coldest band never takes
 
 
 class Terms(Protocol):
@@ -160,6 +161,7 @@ async def run_bandgate(config: WorkerConfig, recorder: Recorder) -> None:
         concurrency=config.concurrency,
         prefetch=config.prefetch,
         dedupe=config.dedupe,
+        hot_reserve=config.hot_reserve,
     )
     async def handle(msg: Message) -> None:
         if config.record_ids:
