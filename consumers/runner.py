@@ -5,7 +5,9 @@ shards) is a `Subscription` on its own channel with its own prefetch. One delive
 module once, in this order, and this module is the thread between them, read top to bottom:
 
 1. `bandgate.consumers.subscription`: aiormq pushes it to its queue's `Subscription`, which
-   hands it to the runner as a `Delivery` (`ConsumerRunner.receive`, the intake);
+   reads it as an `Incoming` (`bandgate.core.protocol.deliveries`; its frames were decoded by
+   `bandgate.core.protocol.frames` where the worker opted in) and hands it to the runner as a
+   `Delivery` (`ConsumerRunner.receive`, the intake);
 2. `bandgate.consumers.scheduling`: it waits in its band's buffer until the `Dispatcher` hands
    it a free slot (the band policy picks its band, its partition key is free and, in a sharded
    band, it is the best head among the shards' buffers); the run loop (`run`) starts it in a
