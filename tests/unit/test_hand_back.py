@@ -27,5 +27,5 @@ def test_a_first_delivery_counts_nothing_and_a_retry_starts_afresh() -> None:
     assert message.delivery_count == 0
     headers = bandgate_headers(**{wire.DELIVERIES_BEFORE: 2})
     handed = read_message(delivery(headers=headers), ORDERS, WARM)
-    retry = retry_envelope(b"{}", headers, handed, WARM, RetryLater(2, 1.0, "failed"), ENQUEUED)
+    retry = retry_envelope(b"{}", headers, handed, WARM, RetryLater(1.0, 2, "failed"), ENQUEUED)
     assert wire.DELIVERIES_BEFORE not in retry.extra_headers  # a retry is a new attempt
