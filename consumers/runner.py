@@ -170,10 +170,10 @@ class ConsumerRunner:
         telemetry: Telemetry | None = None,
         tombstones: Tombstones | None = None,
         hooks: RunnerHooks | None = None,
-        hand_back_on_stop: bool = False,
+        hand_back: bool = False,
     ) -> None:
-        """`hand_back_on_stop`: while stopping, give messages back as copies that keep their
-        delivery count (`Settler.hand_back`), for brokers that count every return."""
+        """`hand_back`: give messages back uncounted as copies that keep their delivery count
+        (`Settler.hand_back`), for brokers that count every return (before 4.3)."""
         spec = consumer.spec
         self.consumer = consumer
         self.spec = spec
@@ -182,7 +182,7 @@ class ConsumerRunner:
         self.timings = timings
         self.tombstones = tombstones
         self.hooks = hooks
-        self.hand_back_on_stop = hand_back_on_stop
+        self.hand_back = hand_back
         self.concurrency = concurrency or consumer.options.concurrency
         self.prefetch, self.dispatcher = plan(
             spec,
@@ -512,16 +512,18 @@ class ConsumerRunner:
         which returns its messages in order."""
         subscription = delivery.subscription
         if not subscription.single_active:
-            if not counted and self.lifetime.stopping and await self._hand_back(delivery):
+            if not counted and await self._hand_back(delivery):
                 return
             await self.settler.give_back(delivery.incoming, counted=counted)
         elif not self.lifetime.stopping:
             self.hand_over(subscription)
 
     async def _hand_back(self, delivery: Delivery) -> bool:
-        """With `hand_back_on_stop`, give a message back as a copy that keeps its delivery
-        count (`Settler.hand_back`); False when it was not (a malformed one is returned)."""
-        if not self.hand_back_on_stop:
+        """With `hand_back`, give a message back as a copy that keeps its delivery count
+        (`Settler.hand_back`): a shutdown, a client that left, a paused receiver. False when
+        it was not: a malformed message, or one whose channel is gone (the broker has it back
+        already, and a copy would be a duplicate)."""
+        if not self.hand_back or delivery.channel_gone:
             return False
         band = self.spec.bands[delivery.band]
         try:

@@ -160,9 +160,9 @@ class Settler:
 
     async def hand_back(self, delivery: Delivered, message: Message, band: Band) -> bool:
         """Give a message back as a copy at the back of its band, carrying the deliveries the
-        broker counted so far (`wire.DELIVERIES_BEFORE`), confirmed, then ack it: how a
-        stopping process gives back on a broker that counts every return (before 4.3), where a
-        nack would count a graceful shutdown towards the delivery limit (5 rolling restarts
+        broker counted so far (`wire.DELIVERIES_BEFORE`), confirmed, then ack it: how an HTTP
+        receiver gives back uncounted on a broker that counts every return (before 4.3), where
+        a nack would count a graceful shutdown towards the delivery limit (5 rolling restarts
         dead-lettered a healthy leased message). False when the copy was not confirmed:
         nothing was acked, give it back the usual way."""
         extra = carried_headers(delivery.headers)

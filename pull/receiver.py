@@ -148,7 +148,7 @@ class PullQueue:
             telemetry=telemetry,
             tombstones=tombstones,
             hooks=self.settlements,
-            hand_back_on_stop=count_returns,
+            hand_back=count_returns,
         )
         self.runner.takers_waiting(0)  # the headroom's slots: leases and waiting receives
         self._waiting = 0

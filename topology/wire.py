@@ -56,10 +56,10 @@ REPLAYS = "x-bandgate-replays"  # how often a message was replayed from its dead
 # Quorum queues count deliveries in this header; a copy that kept it would look like a message
 # that crashed workers.
 DELIVERY_COUNT = "x-delivery-count"
-# The deliveries the broker had counted when a stopping gateway or worker gave the message back
-# as a copy (`Settler.hand_back`): RabbitMQ before 4.3 counts every return, a graceful one too,
-# so a shutdown gives back a copy, whose own count starts from 0, carrying the earlier count
-# here. A message's delivery count is the sum of the two.
+# The deliveries the broker had counted when an HTTP receiver gave the message back as a copy
+# (`Settler.hand_back`): RabbitMQ before 4.3 counts every return, a graceful one too, so a
+# shutdown (or a client that left) gives back a copy, whose own count starts from 0, carrying
+# the earlier count here. A message's delivery count is the sum of the two.
 DELIVERIES_BEFORE = "x-bandgate-deliveries"
 
 # Headers the broker adds when it dead-letters. A republish must drop them: a message that
