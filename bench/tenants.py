@@ -1,0 +1,296 @@
+"""Fair bands under a noisy neighbour (issue 33): ten tenants on the cold band of one queue.
+
+One worker process (the bandgate worker as shipped, `CONCURRENCY` slots, a `HANDLER_MS`
+handler: a capacity of about `CAPACITY` messages/s) consumes a queue whose cold band is `fair`
+(`tenants`) or the same queue without `fair` (`tenants_fifo`: fairness off, a plain FIFO band
+on 3.10). `PUBLISHERS` publisher processes (`bench.tenant_publisher`, through bandgate's publishing
+core, so the fair band's detector decides per message; each with its share of every tenant's
+traffic, as gateways behind a load balancer) send, for `SECONDS` s:
+
+- calm: ten tenants at `QUIET` of their fair share each (60 % of capacity), nobody noisy;
+- flood: tenant 1 at 20 times its fair share (twice the capacity), the nine others as in calm;
+- both with hot messages (priority 8, no tenant) at `HOT_RATE`/s;
+- backlog: ten equal tenants' `BACKLOG` messages published first, then drained (throughput
+  with nobody noisy).
+
+Dwell = handler start - publish time. Drain = every message of the run / (last handler start
+- first publish). The runs alternate fairness off and on inside each of `ROUNDS` rounds (the
+machine is shared: ratios are taken within a round, and the row shows the median over rounds
+with every round's figure). The acceptance ratios: quiet tenants' p99 in the flood (fair) over
+their p99 in calm (fairness off) <= 2; drain in the flood, fair over off >= 0.9; hot p99 in
+the flood, fair over off (messages without a tenant: nothing of fairness applies) within 10 %;
+backlog throughput, fair over off >= 0.95.
+
+`BANDGATE_BENCH_TENANTS_SECONDS` and `_ROUNDS` change the length (a run takes about 2 minutes
+on two cores with the defaults). `python -m bench tenants --rabbitmq 4.3` runs it on 4.3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import statistics
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+
+from bandgate.topology.declare import apply_topology, broker_version
+from bandgate.topology.loader import load_topology
+from bench.classic_bands import topology_env
+from bench.environment import BenchBroker, wait_for_quiet
+from bench.hot_wait import percentile
+from bench.tenant_publisher import CLASS, Stream, TenantLoad, TenantPublisher
+from bench.worker_process import WorkerConfig, WorkerProcess
+
+SECONDS = float(os.environ.get("BANDGATE_BENCH_TENANTS_SECONDS", 4.0))
+ROUNDS = int(os.environ.get("BANDGATE_BENCH_TENANTS_ROUNDS", 2))
+CONCURRENCY = 16
+HANDLER_MS = 20.0
+CAPACITY = CONCURRENCY / (HANDLER_MS / 1000)  # 800 messages/s
+TENANTS = 10
+SHARE = CAPACITY / TENANTS  # a tenant's fair share, messages/s
+QUIET = 0.6  # of the fair share, for every quiet tenant
+FLOOD = 20.0  # times the fair share, for tenant 1 in the flood
+HOT_RATE = 50.0
+# Dwell is measured on messages published after this many seconds of a run: in its first
+# moments the detector has not yet seen `core.fairness.MIN_COUNT` of the flood, which goes to
+# the band's queue meanwhile (the transient, in `quiet_p99_all_ms`: docs/guides/tenants.md).
+WARMUP = 1.0
+BACKLOG = 4000
+COLD, HOT = 1, 8
+# Publishing processes, each with its share of every tenant's traffic: gateways behind a load
+# balancer. Each finds the noisy tenant on its own (`core.fairness` decides per process); the
+# flood's volume in one would send the quiet tenants' messages in bursts behind it.
+PUBLISHERS = 1
+FAIR, FIFO = "tenants", "tenants_fifo"
+
+HEADER = """exchange = "bandgate"
+
+[delay]
+levels = 12
+"""
+
+
+def section(name: str, fair: bool) -> str:
+    """TOML of one queue: three bands, the cold one fair or not."""
+    flag = ", fair = true" if fair else ""
+    return f"""
+[queues.{name}]
+bands = [
+  {{ name = "hot", priorities = [7, 9] }},
+  {{ name = "warm", priorities = [4, 6] }},
+  {{ name = "cold", priorities = [0, 3]{flag} }},
+]
+"""
+
+
+@contextmanager
+def topology_file() -> Iterator[Path]:
+    """Both queues in one topology file, for the bench, the publisher and the worker."""
+    descriptor, name = tempfile.mkstemp(prefix="bandgate-tenants-", suffix=".toml")
+    os.close(descriptor)
+    path = Path(name)
+    try:
+        path.write_text(HEADER + section(FAIR, True) + section(FIFO, False), encoding="utf-8")
+        load_topology(path)  # fails here, not in a worker, should the file be wrong
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def tenant(number: int) -> str:
+    return f"tenant-{number}"
+
+
+def streams(part: str) -> list[Stream]:
+    """What is published in a run of `part` (calm, flood or backlog)."""
+    if part == "backlog":
+        each = BACKLOG // TENANTS
+        return [Stream(n, tenant(n), COLD, 0.0, each) for n in range(1, TENANTS + 1)]
+    count = round(QUIET * SHARE * SECONDS)
+    out = [Stream(0, None, HOT, HOT_RATE, round(HOT_RATE * SECONDS))]
+    first = FLOOD if part == "flood" else QUIET
+    out.append(Stream(1, tenant(1), COLD, first * SHARE, round(first * SHARE * SECONDS)))
+    out += [Stream(n, tenant(n), COLD, QUIET * SHARE, count) for n in range(2, TENANTS + 1)]
+    return out
+
+
+def one_run(broker: BenchBroker, path: Path, queue: str, part: str, run: str) -> dict[str, Any]:
+    """Run `part` on `queue`; its row (dwell per class, drain)."""
+    planned = streams(part)
+    total = sum(stream.count for stream in planned)
+    loads = [
+        TenantLoad(broker.amqp_url, str(path), queue, [half(s, n) for s in planned], run)
+        for n in range(PUBLISHERS)
+    ]
+    worker = WorkerConfig(
+        "bandgate",
+        broker.amqp_url,
+        CONCURRENCY,
+        handler_ms=HANDLER_MS,
+        queue=queue,
+        expect=total,
+        warmup=min(100, total),
+        run=run,
+    )
+    wait_for_quiet(patience=5.0)
+    timeout = total / CAPACITY * 4 + 60
+    with topology_env(path):
+        if part == "backlog":
+            sent = publish(loads, timeout)
+            with WorkerProcess(worker) as consumer:
+                record = consumer.wait(timeout)
+        else:
+            with WorkerProcess(worker) as consumer:
+                sent = publish(loads, timeout)
+                record = consumer.wait(timeout)
+    return row(part, queue, sent, record)
+
+
+def half(stream: Stream, publisher: int) -> Stream:
+    """Publisher `publisher`'s part of a stream: every other message, at its share of the
+    rate (as gateways behind a load balancer share the traffic)."""
+    part = replace(stream, rate=stream.rate / PUBLISHERS, count=stream.count // PUBLISHERS)
+    return replace(part, first=publisher * part.count)
+
+
+def publish(loads: list[TenantLoad], timeout: float) -> dict[int, float]:
+    """Run a publisher process per load at once; every message's publish time."""
+    with contextlib.ExitStack() as stack:
+        publishers = [stack.enter_context(TenantPublisher(load)) for load in loads]
+        sent: dict[int, float] = {}
+        for publisher in publishers:
+            sent.update(publisher.result(timeout))
+    return sent
+
+
+def row(part: str, queue: str, sent: dict[int, float], record: dict[str, Any]) -> dict[str, Any]:
+    waits = {int(seq): wait for seq, wait in record["waits"].items()}
+    missing = set(sent) - set(waits)
+    if missing:
+        raise RuntimeError(f"{len(missing)} messages were never handled")
+
+    began = min(sent.values())
+
+    def p99_ms(classes: range, after: float = WARMUP) -> float:
+        dwell = sorted(
+            waits[seq] * 1000
+            for seq in waits
+            if seq // CLASS in classes and sent[seq] >= began + after
+        )
+        return percentile(dwell, 99) if len(dwell) > 1 else float("nan")
+
+    handled_at = max(sent[seq] + wait for seq, wait in waits.items())
+    drain = len(waits) / (handled_at - began)
+    if part == "backlog":  # from the worker's first to its last start: the drain alone
+        drain = (len(waits) - 100) / (record["last_at"] - record["first_at"])
+    return {
+        "part": part,
+        "name": "fair" if queue == FAIR else "fairness off",
+        "messages": len(waits),
+        "quiet_p99_ms": p99_ms(range(2, TENANTS + 1)),
+        "quiet_p99_all_ms": p99_ms(range(2, TENANTS + 1), after=0.0),
+        "tenant1_p99_ms": p99_ms(range(1, 2)),
+        "hot_p99_ms": p99_ms(range(0, 1)),
+        "msg_s": drain,
+    }
+
+
+async def prepare(broker: BenchBroker, path: Path) -> None:
+    connection = await aio_pika.connect(broker.amqp_url)
+    async with connection:
+        await apply_topology(connection, load_topology(path))
+        broker.version = broker_version(connection)
+
+
+PARTS = ("calm", "flood", "backlog")
+
+
+def run_tenants(broker: BenchBroker) -> list[dict[str, Any]]:
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    with topology_file() as path:
+        asyncio.run(prepare(broker, path))
+        for round_ in range(ROUNDS):
+            for part in PARTS:
+                for queue in (FIFO, FAIR) if round_ % 2 == 0 else (FAIR, FIFO):
+                    result = one_run(broker, path, queue, part, f"{round_}-{part}-{queue}")
+                    runs.setdefault((part, result["name"]), []).append(result)
+                    print(result, flush=True)
+    return summary(runs) + acceptance(runs)
+
+
+def summary(runs: dict[tuple[str, str], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per part and contender: the median over rounds of each figure, and every round's."""
+    rows = []
+    for (part, name), done in runs.items():
+        out: dict[str, Any] = {"part": part, "name": name, "messages": done[0]["messages"]}
+        for key in ("quiet_p99_ms", "quiet_p99_all_ms", "tenant1_p99_ms", "hot_p99_ms", "msg_s"):
+            out[key] = statistics.median(run[key] for run in done)
+            out[f"{key}_runs"] = "/".join(f"{run[key]:.0f}" for run in done)
+        rows.append(out)
+    return rows
+
+
+def acceptance(runs: dict[tuple[str, str], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The issue's ratios, each taken within a round; the median and every round's."""
+    checks = (
+        (
+            "quiet p99: flood (fair) / calm (off)",
+            "flood",
+            "fair",
+            "calm",
+            "fairness off",
+            "quiet_p99_ms",
+            "<= 2",
+        ),
+        (
+            "quiet p99: flood (off) / calm (off)",
+            "flood",
+            "fairness off",
+            "calm",
+            "fairness off",
+            "quiet_p99_ms",
+            "(the problem)",
+        ),
+        ("drain: flood, fair / off", "flood", "fair", "flood", "fairness off", "msg_s", ">= 0.9"),
+        (
+            "hot p99: flood, fair / off",
+            "flood",
+            "fair",
+            "flood",
+            "fairness off",
+            "hot_p99_ms",
+            "<= 1.1",
+        ),
+        (
+            "throughput, nobody noisy: fair / off",
+            "backlog",
+            "fair",
+            "backlog",
+            "fairness off",
+            "msg_s",
+            ">= 0.95",
+        ),
+    )
+    rows = []
+    for name, part, who, base_part, base_who, key, target in checks:
+        ratios = [
+            run[key] / base[key]
+            for run, base in zip(runs[part, who], runs[base_part, base_who], strict=True)
+        ]
+        rows.append(
+            {
+                "part": "acceptance",
+                "name": name,
+                "ratio": statistics.median(ratios),
+                "ratio_runs": "/".join(f"{ratio:.2f}" for ratio in ratios),
+                "target": target,
+            }
+        )
+    return rows
