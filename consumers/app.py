@@ -35,21 +35,26 @@ class ConsumerApp:
 
     @property
     def settings(self) -> WorkerSettings:
+        """The worker's settings: those given, else read from `BANDGATE_*` on first use."""
         if self._settings is None:
             self._settings = WorkerSettings()
         return self._settings
 
     @property
     def topology(self) -> Topology:
+        """The topology given, else the file `settings.topology` names, read on first use."""
         if self._topology is None:
             self._topology = self.settings.load_topology()
         return self._topology
 
     @property
     def consumers(self) -> tuple[Consumer, ...]:
+        """Every consumer the app's decorators registered, in the order they ran."""
         return tuple(self._consumers.values())
 
     def consumer_for(self, queue: str) -> Consumer:
+        """The consumer registered for `queue` (ConfigurationError, naming those there are,
+        when none is)."""
         try:
             return self._consumers[queue]
         except KeyError:

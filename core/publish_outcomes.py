@@ -66,6 +66,9 @@ class OutcomeUnknown(PublishFailure):
 
 
 class BrokerUnavailable(NotEnqueued):
+    """No connection to the broker (it was unreachable, or went away before the message was
+    written): nothing was sent."""
+
     error = error_codes.BROKER_UNAVAILABLE
 
 
@@ -125,6 +128,8 @@ class MessageTooLarge(InvalidMessage):
 
 
 class ConfirmTimeout(OutcomeUnknown):
+    """The message was sent and its confirm did not come within the confirm timeout."""
+
     error = error_codes.CONFIRM_TIMEOUT
 
 

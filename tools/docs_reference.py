@@ -1,16 +1,20 @@
 """The reference pages' tables, printed from the code so they cannot drift from it: the
 configuration from the settings classes and the topology file's model, the command line from
 its typer app, the error codes from their registry (`core.error_codes`), the metrics from their
-definitions (`core.telemetry`).
+definitions (`core.telemetry`), the Python API from the signatures and docstrings of what
+`bandgate` exports.
 
 `python -m tools.docs_reference` rewrites the blocks between `<!-- reference:NAME -->` and
 `<!-- /reference:NAME -->` in docs/reference/*.md (the prose around them is written by hand);
 `--check` only says which differ. `tests/unit/test_docs_reference.py` fails when a page differs
-from what this prints, and when a setting, command, option, code or metric has no words.
+from what this prints, and when a setting, key, command, option, code, metric or Python name
+has no words.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import re
 import sys
@@ -160,6 +164,109 @@ def topology_section() -> str:
     return "\n".join(parts).rstrip("\n")
 
 
+# --- the Python API ------------------------------------------------------------------------
+
+# Beside the names `bandgate` exports: what a handler's unit test uses.
+TESTING_NAMES = ("deliver", "make_message")
+
+
+def python_names() -> list[tuple[str, Any]]:
+    """(dotted name, object) of the Python API: `bandgate.__all__`, then the testing helpers."""
+    import bandgate
+    from bandgate.consumers import testing
+
+    names = [(f"bandgate.{name}", getattr(bandgate, name)) for name in sorted(bandgate.__all__)]
+    testing_module = "bandgate.consumers.testing"
+    return names + [(f"{testing_module}.{n}", getattr(testing, n)) for n in TESTING_NAMES]
+
+
+def _doc(obj: Any) -> str:
+    return inspect.getdoc(obj) or ""
+
+
+def _first_paragraph(obj: Any) -> str:
+    return " ".join(_doc(obj).split("\n\n", 1)[0].split())
+
+
+def _parameter(parameter: inspect.Parameter) -> str:
+    """`name: annotation = default`, the annotation as written (they are strings here)."""
+    text = parameter.name
+    if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+        text = f"*{text}"
+    elif parameter.kind is inspect.Parameter.VAR_KEYWORD:
+        text = f"**{text}"
+    if parameter.annotation is not inspect.Parameter.empty:
+        annotation = parameter.annotation
+        if not isinstance(annotation, str):
+            annotation = inspect.formatannotation(annotation)
+        text += f": {annotation}"
+    if parameter.default is not inspect.Parameter.empty:
+        text += f" = {parameter.default!r}"
+    return text
+
+
+def _signature(name: str, obj: Any) -> str:
+    """`name(a, *, b: int = 1) -> str`, without `self` or `cls`."""
+    signature = inspect.signature(obj)
+    shown, star = [], False
+    for parameter in signature.parameters.values():
+        if parameter.name in ("self", "cls"):
+            continue
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and not star:
+            shown.append("*")
+        star = star or parameter.kind in (
+            inspect.Parameter.KEYWORD_ONLY,
+            inspect.Parameter.VAR_POSITIONAL,
+        )
+        shown.append(_parameter(parameter))
+    returns = signature.return_annotation
+    arrow = "" if returns is inspect.Signature.empty else f" -> {returns}"
+    return f"{name}({', '.join(shown)}){arrow}"
+
+
+def members(cls: type) -> list[tuple[str, Any]]:
+    """The public methods and properties `cls` defines itself (inherited ones aside)."""
+    found = []
+    for name, value in vars(cls).items():
+        if name.startswith("_"):
+            continue
+        function = value.__func__ if isinstance(value, classmethod | staticmethod) else value
+        if isinstance(function, property) and function.fget is not None:
+            found.append((name, function.fget))
+        elif inspect.isfunction(function):
+            found.append((name, function))
+    return found
+
+
+def _fields(cls: type) -> list[str]:
+    if dataclasses.is_dataclass(cls):
+        return [f"`{field.name}`" for field in dataclasses.fields(cls)]
+    return [f"`{key}`" for key in getattr(cls, "__annotations__", {}) if not key.startswith("_")]
+
+
+def python_entry(dotted: str, obj: Any) -> str:
+    short = dotted.rsplit(".", 1)[1]
+    kind = (
+        "exception"
+        if isinstance(obj, type) and issubclass(obj, BaseException)
+        else ("class" if isinstance(obj, type) else "function")
+    )
+    parts = [f"### `{dotted}`", "", f"{kind}, defined in `{obj.__module__}`", "", _doc(obj)]
+    if kind == "function":
+        parts[2:2] = ["```python", _signature(short, obj), "```", ""]
+        return "\n".join(parts)
+    if fields := _fields(obj):
+        parts += ["", "Fields: " + ", ".join(fields) + "."]
+    for name, member in members(obj):
+        shown = _signature(name, member) if not isinstance(vars(obj)[name], property) else name
+        parts += ["", f"- `{shown}`: {_first_paragraph(member)}"]
+    return "\n".join(parts)
+
+
+def python_section() -> str:
+    return "\n\n".join(python_entry(dotted, obj) for dotted, obj in python_names())
+
+
 # --- command line -------------------------------------------------------------------------
 
 
@@ -283,6 +390,7 @@ def metrics_section() -> str:
 SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "configuration": ("configuration.md", configuration_section),
     "topology": ("topology.md", topology_section),
+    "python": ("python.md", python_section),
     "cli": ("cli.md", cli_section),
     "errors": ("errors.md", errors_section),
     "metrics": ("metrics.md", metrics_section),

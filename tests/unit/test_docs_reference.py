@@ -46,6 +46,17 @@ def test_every_key_of_the_topology_file_has_a_description() -> None:
     assert not missing, "add description= to these Fields of topology/model.py"
 
 
+def test_every_name_of_the_python_api_and_its_methods_have_a_docstring() -> None:
+    missing = []
+    for dotted, obj in docs_reference.python_names():
+        own = vars(obj).get("__doc__") if isinstance(obj, type) else obj.__doc__
+        if not (own or "").strip():
+            missing.append(dotted)
+        if isinstance(obj, type):
+            missing += [f"{dotted}.{n}" for n, m in docs_reference.members(obj) if not m.__doc__]
+    assert not missing
+
+
 def test_every_command_argument_and_option_has_help() -> None:
     missing = []
     found = 0
