@@ -172,6 +172,17 @@ def assert_management_ui_as_described(management_url: str | None) -> None:
     assert len(own) == 26 + 1, own
 
 
+def assert_pages_open(port: int) -> None:
+    """ "Then open the console, http://127.0.0.1:8000/console ... and
+    http://127.0.0.1:8000/docs": each page the section says to open answers, as HTML."""
+    pages = re.findall(r"http://127\.0\.0\.1:8000(/[\w/]+)", section("First steps"))
+    assert pages == ["/console", "/docs"], pages
+    for page in pages:
+        answer = httpx.get(f"http://127.0.0.1:{port}{page}", timeout=30)
+        assert answer.status_code == 200, (page, answer.status_code)
+        assert answer.headers["content-type"].startswith("text/html"), page
+
+
 def check_counts(shells: Shells, command: Command) -> None:
     """A `bandgate stats` whose comment says `ready: hot 1, warm 1, cold 2` shows just that."""
     claim = re.search(r"# ready: (.*)$", command.text)
@@ -241,6 +252,7 @@ def test_first_steps_run_as_written_in_a_second_shell_and_after_a_restart(
                 check_counts(shells, command)
         # "order 7 goes back to the hot band; the worker reserves it"
         wait_for(shells.worker_logs[-1], "order 7 reserved")
+        assert_pages_open(port)
         # Only the order the README fails on purpose was ever refused or dead-lettered.
         first = shells.worker_logs[0].read_text()
         assert "Reject" not in first
