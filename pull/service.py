@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import UTC, datetime
 from typing import Any
 
 import aiormq
@@ -30,6 +29,7 @@ from bandgate.pull.mailbox import Answer, Command, HolderGone, Mailbox
 from bandgate.pull.receipts import Receipt, ReceiptError, Signer, new_replica_id, parse
 from bandgate.pull.receiver import PullQueue
 from bandgate.pull.settings import PullSettings
+from bandgate.topology import wire
 from bandgate.topology.declare import counts_every_return
 from bandgate.topology.model import QueueSpec
 
@@ -37,9 +37,8 @@ log = logging.getLogger(__name__)
 
 
 def lease_gone() -> ApiError:
-    return ApiError(
-        410,
-        "lease_expired",
+    return ApiError.of(
+        error_codes.LEASE_EXPIRED,
         "no lease holds this receipt any more: its visibility timeout lapsed (the message is "
         "visible again), it was settled already, or the gateway process restarted",
         "receipt",
@@ -47,7 +46,7 @@ def lease_gone() -> ApiError:
 
 
 def invalid_receipt(exc: ReceiptError) -> ApiError:
-    return ApiError(422, "invalid_receipt", str(exc), "receipt")
+    return ApiError.of(error_codes.INVALID_RECEIPT, str(exc), "receipt")
 
 
 def outcome_body(outcome: Outcome | None) -> dict[str, Any]:
@@ -94,8 +93,8 @@ class Receivers:
     def _connection(self) -> AbstractConnection:
         connection = self.link.connection
         if connection is None or not self.link.connected:
-            raise ApiError(
-                503, "broker_unavailable", self.link.problem or "not connected to the broker"
+            raise ApiError.of(
+                error_codes.BROKER_UNAVAILABLE, self.link.problem or "not connected to the broker"
             )
         return connection
 
@@ -169,9 +168,8 @@ class Receivers:
     ) -> list[Lease]:
         allowed = self.settings.token_leases(self._leases(spec))
         if self.book.held(owner) >= allowed:
-            raise ApiError(
-                429,
-                "too_many_leases",
+            raise ApiError.of(
+                error_codes.TOO_MANY_LEASES,
                 f"this token holds {allowed} leases in this gateway process, its limit: "
                 "settle some first",
                 headers={"Retry-After": "1"},
@@ -190,8 +188,8 @@ class Receivers:
         ) as exc:
             # The broker went away while this receive subscribed or resumed; what it had
             # leased went back with the channel.
-            raise ApiError(
-                503, "broker_unavailable", f"the broker is unavailable: {exc!r}"
+            raise ApiError.of(
+                error_codes.BROKER_UNAVAILABLE, f"the broker is unavailable: {exc!r}"
             ) from None
 
     def _leases(self, spec: QueueSpec) -> int:
@@ -224,17 +222,15 @@ class Receivers:
                 receipt.replica, {**command, "queue": queue, "receipt": text}
             )
         except HolderGone:
-            raise ApiError(
-                410,
-                "lease_lost",
+            raise ApiError.of(
+                error_codes.LEASE_LOST,
                 "the gateway process that leased this message is gone; the broker gave the "
                 "message back to its queue, and it will be received again",
                 "receipt",
             ) from None
         except TimeoutError:
-            raise ApiError(
-                503,
-                "holder_unresponsive",
+            raise ApiError.of(
+                error_codes.HOLDER_UNRESPONSIVE,
                 "the gateway process holding this lease did not answer in time; try again",
                 headers={"Retry-After": "1"},
             ) from None
@@ -291,8 +287,7 @@ class Receivers:
             await self.ledger.close()
 
 
-def iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+iso = wire.moment_text  # the API's one form of a moment
 
 
 __all__ = ["Receivers", "iso", "outcome_body"]
