@@ -47,7 +47,7 @@ BENCHMARKS: dict[str, Runner] = {
     "shards": lambda broker, args: run_shards(broker),
     "pull": lambda broker, args: run_pull(broker, args.messages, args.only),
     "ledger": lambda broker, args: run_ledger(broker),
-    "tenants": lambda broker, args: run_tenants(broker),
+    "tenants": lambda broker, args: run_tenants(broker, args.only),
     "reserve": lambda broker, args: run_reserve(broker),
 }
 # Benchmarks that start brokers of their own (a cluster), after the others.
@@ -113,7 +113,7 @@ def main() -> None:
         metavar="WORDS",
         help="priority: run only the contenders whose names contain one of these "
         "comma-separated words, e.g. bandgate,celery (case-insensitive); pull: only these "
-        "parts (drain, wake, hot)",
+        "parts (drain, wake, hot); tenants: http (HTTP receive loops in the place of the worker)",
     )
     parser.add_argument(
         "--rabbitmq",

@@ -21,6 +21,9 @@ their p99 in calm (fairness off) <= 2; drain in the flood, fair over off >= 0.9;
 the flood, fair over off (messages without a tenant: nothing of fairness applies) within 10 %;
 backlog throughput, fair over off >= 0.95.
 
+`python -m bench tenants --only http`: the same runs with `HTTP_LOOPS` HTTP receive loops of a
+gateway process in the place of the worker (one message per receive, the same handler).
+
 `BANDGATE_BENCH_TENANTS_SECONDS` and `_ROUNDS` change the length (a run takes about 2 minutes
 on two cores with the defaults). `python -m bench tenants --rabbitmq 4.3` runs it on 4.3.
 """
@@ -32,9 +35,11 @@ import contextlib
 import os
 import statistics
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +50,8 @@ from bandgate.topology.loader import load_topology
 from bench.classic_bands import topology_env
 from bench.environment import BenchBroker, wait_for_quiet
 from bench.hot_wait import percentile
+from bench.pull_client import PullClient, PullClientConfig
+from bench.stage import gateway_process
 from bench.tenant_publisher import CLASS, Stream, TenantLoad, TenantPublisher
 from bench.worker_process import WorkerConfig, WorkerProcess
 
@@ -121,8 +128,13 @@ def streams(part: str) -> list[Stream]:
     return out
 
 
-def one_run(broker: BenchBroker, path: Path, queue: str, part: str, run: str) -> dict[str, Any]:
-    """Run `part` on `queue`; its row (dwell per class, drain)."""
+Consumers = Callable[[WorkerConfig], WorkerProcess]
+
+
+def one_run(
+    broker: BenchBroker, path: Path, queue: str, part: str, run: str, start: Consumers
+) -> dict[str, Any]:
+    """Run `part` on `queue` with the consumer `start` starts; its row (dwell, drain)."""
     planned = streams(part)
     total = sum(stream.count for stream in planned)
     loads = [
@@ -144,10 +156,10 @@ def one_run(broker: BenchBroker, path: Path, queue: str, part: str, run: str) ->
     with topology_env(path):
         if part == "backlog":
             sent = publish(loads, timeout)
-            with WorkerProcess(worker) as consumer:
+            with start(worker) as consumer:
                 record = consumer.wait(timeout)
         else:
-            with WorkerProcess(worker) as consumer:
+            with start(worker) as consumer:
                 sent = publish(loads, timeout)
                 record = consumer.wait(timeout)
     return row(part, queue, sent, record)
@@ -212,17 +224,46 @@ async def prepare(broker: BenchBroker, path: Path) -> None:
 PARTS = ("calm", "flood", "backlog")
 
 
-def run_tenants(broker: BenchBroker) -> list[dict[str, Any]]:
+def run_tenants(broker: BenchBroker, only: str | None = None) -> list[dict[str, Any]]:
+    """The worker's runs, or with `only` = "http" the same through `HTTP_LOOPS` HTTP receive
+    loops of a gateway process (`bench.pull_client`, one message per receive)."""
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with topology_file() as path:
         asyncio.run(prepare(broker, path))
-        for round_ in range(ROUNDS):
-            for part in PARTS:
-                for queue in (FIFO, FAIR) if round_ % 2 == 0 else (FAIR, FIFO):
-                    result = one_run(broker, path, queue, part, f"{round_}-{part}-{queue}")
-                    runs.setdefault((part, result["name"]), []).append(result)
-                    print(result, flush=True)
+        with contextlib.ExitStack() as stack:
+            start: Consumers = WorkerProcess
+            if only == "http":
+                with topology_env(path):
+                    port, pid = stack.enter_context(gateway_process(broker))
+                start = partial(http_loops, port, pid)
+            for round_ in range(ROUNDS):
+                for part in PARTS:
+                    for queue in (FIFO, FAIR) if round_ % 2 == 0 else (FAIR, FIFO):
+                        name = f"{round_}-{part}-{queue}-{time.time():.0f}"
+                        result = one_run(broker, path, queue, part, name, start)
+                        runs.setdefault((part, result["name"]), []).append(result)
+                        print(result, flush=True)
     return summary(runs) + acceptance(runs)
+
+
+HTTP_LOOPS = 16
+
+
+def http_loops(port: int, gateway_pid: int, worker: WorkerConfig) -> WorkerProcess:
+    """`HTTP_LOOPS` receive loops in the place of the worker, with its handler and its stop."""
+    config = PullClientConfig(
+        port,
+        queue=worker.queue,
+        receivers=HTTP_LOOPS,
+        max_messages=1,
+        wait_seconds=1.0,
+        handler_ms=worker.handler_ms,
+        expect=worker.expect,
+        warmup=worker.warmup,
+        run=worker.run,
+        gateway_pid=gateway_pid,
+    )
+    return PullClient(config)
 
 
 def summary(runs: dict[tuple[str, str], list[dict[str, Any]]]) -> list[dict[str, Any]]:

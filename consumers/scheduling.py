@@ -238,7 +238,7 @@ LANE = 1  # a fair band's noisy lane: its second queue
 # With this many slots or more, the lane leaves the last free slot to the band's own queue
 # while that had an arrival lately: 1 slot of 16 (6 %) kept from the flood.
 LANE_KEEPS_FROM = 8
-LANE_KEEPS = 1
+LANE_KEEPS = 1  # slots the lane leaves free for the band's own queue
 
 
 def floor(slots: int) -> int:
@@ -828,7 +828,7 @@ class Dispatcher(Generic[T]):
             or self._buffers[band].lanes_turn
         ):
             return False
-        running = self._running + LANE_KEEPS  # the lane's message and all but one kept
+        running = self._running + LANE_KEEPS  # would LANE_KEEPS stay free after it?
         if band == self._coldest and self.headroom is not None:
             cold = running - self._hotter_running
             return not self.headroom.admits(running, cold)
