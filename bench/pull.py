@@ -6,7 +6,8 @@ the HTTP client (`bench.pull_client`) and the worker (`bench.worker_process`, th
 
 - drain: a backlog of `--messages` small messages, in one band and spread over three, drained
   by `RECEIVERS` receive loops (`MAX_MESSAGES` per receive, `WAIT_SECONDS`, then one batch
-  ack), and by the worker with a no-op handler at its default concurrency and at
+  ack; and, the row `HTTP_ACKING`, with each receive acking the batch before it, one request
+  per batch), and by the worker with a no-op handler at its default concurrency and at
   `RECEIVERS x MAX_MESSAGES` (as many messages in hand as the loops may hold). The rate is
   timed from the `WARMUP`-th message received to the last; CPU seconds of the client (the HTTP
   client or the worker), the gateway and the broker between the same two moments, per 1,000
@@ -19,9 +20,10 @@ the HTTP client (`bench.pull_client`) and the worker (`bench.worker_process`, th
 - hot: `bench priority`'s scenario and loads (cold backlog, hot messages at a steady rate,
   hot wait = handler start - publish; `HOT_SECONDS` measured per run), with `bench priority`'s
   worker (`priority.CONCURRENCY` slots) against as many receive loops of one message each; a
-  loop's handler is a sleep of the load's duration, then the ack. Each row is the run with the
-  median p99; `p99_vs_worker` is the median of the rounds' ratios. The worker caps the cold
-  messages in hand (its strict policy's prefetch); the receivers do not, and drain cold faster.
+  loop's handler is a sleep of the load's duration, and the next receive acks it. Each row is
+  the run with the median p99; `p99_vs_worker` is the median of the rounds' ratios. The worker
+  caps the cold messages in hand (its strict policy's prefetch); the receivers do not, and
+  drain cold faster.
 
 Every part checks that each message was received exactly once: `received` (messages, or ids
 for HTTP), `repeated` (received again), `left` (ready in the bands afterwards), `errors`
@@ -63,6 +65,7 @@ WAKE_WAIT = 20.0
 WAKE_GRACE = 1.0  # for the worker to handle the last message after it was published
 HOT_SECONDS = 5.0  # measured per run; half of `bench priority`'s, to keep a run near 5 minutes
 HTTP = f"HTTP {RECEIVERS} loops x {MAX_MESSAGES}"
+HTTP_ACKING = f"{HTTP}, ack in receive"
 
 
 class Stage:
@@ -129,15 +132,16 @@ def _drains(stage: Stage, messages: int) -> list[dict[str, Any]]:
         f"worker, concurrency {c}": replace(stage.worker, concurrency=c, expect=messages)
         for c in CONCURRENCIES
     }
+    clients = {HTTP: http, HTTP_ACKING: replace(http, ack_in_receive=True)}
     rows = []
     for scenario, priorities in SCENARIOS:
         runs: dict[str, list[dict[str, Any]]] = {}
         for _ in range(ROUNDS):
-            for name in [HTTP, *workers]:
+            for name in [*clients, *workers]:
                 _fill(stage, priorities, messages)
                 wait_for_quiet()
-                if name == HTTP:
-                    with PullClient(http) as client:
+                if name in clients:
+                    with PullClient(clients[name]) as client:
                         record = client.wait(timeout=300)
                 else:
                     with WorkerProcess(workers[name]) as worker:
@@ -263,7 +267,13 @@ def _hot(stage: Stage) -> list[dict[str, Any]]:
     worker = priority.contenders(stage.broker.amqp_url, exchange, stage.bands)[0]
     slots = priority.CONCURRENCY
     http = replace(worker, name=f"HTTP {slots} loops x 1")
-    client = replace(stage.client, receivers=slots, max_messages=1, wait_seconds=WAIT_SECONDS)
+    client = replace(
+        stage.client,
+        receivers=slots,
+        max_messages=1,
+        wait_seconds=WAIT_SECONDS,
+        ack_in_receive=True,
+    )
 
     def start_http(config: WorkerConfig) -> WorkerProcess:
         return PullClient(replace(client, handler_ms=config.handler_ms, run=config.run))

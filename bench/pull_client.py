@@ -5,6 +5,8 @@
 - `receivers` receive loops, each on its own keep-alive connection: `receive` (`max_messages`,
   `wait_seconds`), then for every message the handler (record it with the worker benchmarks'
   `Recorder`, then sleep `handler_ms`), then one batch ack (`POST receipts/ack`) of them all;
+  with `ack_in_receive`, no batch ack: the next receive carries the receipts (its `ack`),
+  one request per batch instead of two, and a batch ack settles the last batch at the end;
 - and, with `publish` > 0, a publisher on a connection of its own: `warmup_publish` messages,
   then `publish` measured ones, one at a time at random intervals of `interval_ms`, each
   payload carrying `seq`, `run` and `t`, the wall-clock time just before its request is sent.
@@ -54,6 +56,7 @@ class PullClientConfig:
     max_messages: int = 10
     wait_seconds: float = 1.0
     handler_ms: float = 0.0
+    ack_in_receive: bool = False
     expect: int = 0  # stop after this many messages received; 0: see the module docstring
     warmup: int = 1  # the drain is timed from this message on
     publish: int = 0
@@ -91,29 +94,41 @@ class Client:
 
     async def receive_loop(self) -> None:
         path = f"/v1/queues/{self.config.queue}"
-        asked = orjson.dumps(
-            {"max_messages": self.config.max_messages, "wait_seconds": self.config.wait_seconds}
-        )
-        pause = self.config.handler_ms / 1000
+        asked = {"max_messages": self.config.max_messages, "wait_seconds": self.config.wait_seconds}
+        plain = orjson.dumps(asked)
+        receipts: list[str] = []
         while not self.stop.is_set():
+            carried = self.config.ack_in_receive and receipts
+            body = orjson.dumps({**asked, "ack": receipts}) if carried else plain
             started = time.perf_counter()
-            status, body = await self.http.request("POST", f"{path}/receive", asked)
+            status, answer = await self.http.request("POST", f"{path}/receive", body)
             self.request_ms["receive"].append((time.perf_counter() - started) * 1000)
             if status != 200:
                 self.unexpected[f"receive {status}"] += 1
                 await asyncio.sleep(0.1)
                 continue
-            receipts = []
-            for message in orjson.loads(body)["messages"]:
-                if message["message_id"] in self.ids:
-                    self.repeated += 1
-                self.ids.add(message["message_id"])
-                self.recorder.record(message["payload"])
-                if pause:
-                    await asyncio.sleep(pause)
-                receipts.append(message["receipt"])
-            if receipts:
+            received = orjson.loads(answer)
+            if carried:
+                self.settled(received["ack"])
+            receipts = await self.handle(received["messages"])
+            if receipts and not self.config.ack_in_receive:
                 await self.ack(f"{path}/receipts/ack", receipts)
+        if receipts and self.config.ack_in_receive:
+            await self.ack(f"{path}/receipts/ack", receipts)
+
+    async def handle(self, messages: list[dict[str, Any]]) -> list[str]:
+        """Record each message, after the handler's pause; their receipts."""
+        pause = self.config.handler_ms / 1000
+        receipts = []
+        for message in messages:
+            if message["message_id"] in self.ids:
+                self.repeated += 1
+            self.ids.add(message["message_id"])
+            self.recorder.record(message["payload"])
+            if pause:
+                await asyncio.sleep(pause)
+            receipts.append(message["receipt"])
+        return receipts
 
     async def ack(self, path: str, receipts: list[str]) -> None:
         started = time.perf_counter()
@@ -122,7 +137,10 @@ class Client:
         if status != 200:
             self.unexpected[f"ack {status}"] += 1
             return
-        answer = orjson.loads(body)
+        self.settled(orjson.loads(body))
+
+    def settled(self, answer: dict[str, Any]) -> None:
+        """Count a batch ack's answer (or a receive's `ack`)."""
         self.acked += len(answer["successful"])
         self.ack_failed += answer["failed"]
 

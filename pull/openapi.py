@@ -67,12 +67,6 @@ class ReceivedMessage(BaseModel):
     partition_key: str | None
 
 
-class ReceiveResponse(BaseModel):
-    messages: list[ReceivedMessage] = Field(
-        max_length=MAX_MESSAGES, description="hottest band first; empty when none came in time"
-    )
-
-
 class AckSuccess(BaseModel):
     index: int
     receipt: str
@@ -90,6 +84,17 @@ class AckFailure(BaseModel):
 class AckBatchResponse(BaseModel):
     successful: list[AckSuccess]
     failed: list[AckFailure]
+
+
+class ReceiveResponse(BaseModel):
+    messages: list[ReceivedMessage] = Field(
+        max_length=MAX_MESSAGES, description="hottest band first; empty when none came in time"
+    )
+    ack: AckBatchResponse | None = Field(
+        default=None,
+        description="with `ack` in the request only: each of its receipts in `successful` or, "
+        "with its error, `failed` (`field` ack.<index>), settled before the receive",
+    )
 
 
 class ReleaseResponse(BaseModel):
@@ -154,6 +159,11 @@ def document(openapi: dict[str, Any], settings: PullSettings) -> None:
                 _ok("ReceiveResponse", links=_links()),
                 body="ReceiveRequest",
                 errors={
+                    413: (
+                        (codes.BODY_TOO_LARGE, codes.BATCH_TOO_LARGE),
+                        f" The body limit is publishing's; `ack` holds at most {MAX_ACK_BATCH} "
+                        "receipts.",
+                    ),
                     429: (
                         (
                             codes.RATE_LIMITED,
@@ -168,7 +178,10 @@ def document(openapi: dict[str, Any], settings: PullSettings) -> None:
                     ),
                 },
                 note=" Without a visibility_timeout a lease lasts "
-                f"{settings.default_visibility_seconds:g} s.",
+                f"{settings.default_visibility_seconds:g} s. With `ack` (the previous batch's "
+                "receipts, charged one each as in a batch ack), those are acked first, each "
+                "with its result in the answer's `ack`; a receive that then fails (429, 503) "
+                "leaves them acked.",
             )
         },
         "/v1/queues/{queue}/receipts/{receipt}": {
@@ -233,13 +246,15 @@ def _schemas(longest: float | None) -> dict[str, dict[str, Any]]:
         ref_template=SCHEMAS + "{model}",
     )
     schemas: dict[str, dict[str, Any]] = generated["$defs"]
-    schemas["AckBatchRequest"]["properties"]["receipts"] |= {
+    batch = {
         "items": {
             "type": "string",
             "description": RECEIPT_FORM + "; another is listed in `failed`, invalid_receipt",
         },
         "maxItems": MAX_ACK_BATCH,
     }
+    schemas["AckBatchRequest"]["properties"]["receipts"] |= batch
+    _value(schemas["ReceiveRequest"]["properties"]["ack"]).update(batch)
     for name in ("ReleaseRequest", "ExtendRequest"):
         schemas[name]["properties"]["receipt"]["description"] = SENT_RECEIPT
     release = schemas["ReleaseRequest"]["properties"]

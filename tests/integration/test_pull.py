@@ -271,6 +271,38 @@ async def test_ack_batch_reports_each_receipt(pull: httpx.AsyncClient) -> None:
     ]
 
 
+async def test_a_receive_acks_the_previous_batch_first(pull: httpx.AsyncClient) -> None:
+    for n in range(4):
+        await publish(pull, "orders", payload={"n": n}, priority=8)
+    first = await receive(pull, "orders", max_messages=2, wait_seconds=2)
+    receipts = [m["receipt"] for m in first]
+    response = await pull.post(
+        "/v1/queues/orders/receive",
+        json={"max_messages": 2, "wait_seconds": 2, "ack": [*receipts, "nonsense", receipts[0]]},
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert [m["payload"]["n"] for m in first + body["messages"]] == [0, 1, 2, 3]
+    assert [item["index"] for item in body["ack"]["successful"]] == [0, 1]
+    assert [
+        (f["index"], f["error"]["code"], f["error"]["field"]) for f in body["ack"]["failed"]
+    ] == [
+        (2, "invalid_receipt", "ack.2"),
+        (3, "lease_expired", "ack.3"),
+    ]
+    # The acked messages are gone: only the two in hand remain, leased.
+    for receipt in receipts:
+        gone = await pull.delete(f"/v1/queues/orders/receipts/{receipt}")
+        assert gone.status_code == 410, gone.text
+    last = await pull.post(
+        "/v1/queues/orders/receive",
+        json={"ack": [m["receipt"] for m in body["messages"]]},
+    )
+    assert last.status_code == 200, last.text
+    assert (last.json()["messages"], len(last.json()["ack"]["successful"])) == ([], 2)
+    assert "ack" not in (await pull.post("/v1/queues/orders/receive", json={})).json()
+
+
 async def test_a_long_poll_returns_soon_after_a_publish(pull: httpx.AsyncClient) -> None:
     # The first receive opens the queue's receiver (mailbox, ledger, subscriptions): seconds on
     # a loaded machine, which the long poll below must not count as its own latency.
@@ -397,6 +429,8 @@ async def test_a_hot_reserve_keeps_a_receive_for_the_first_hot_message_after_a_q
         ),
         ("/v1/queues/orders/receipts/ack", {"receipts": []}, 422, "invalid_field"),
         ("/v1/queues/orders/receipts/ack", {"receipts": ["r"] * 101}, 413, "batch_too_large"),
+        ("/v1/queues/orders/receive", {"ack": ["r"] * 101}, 413, "batch_too_large"),
+        ("/v1/queues/orders/receive", {"ack": "r"}, 422, "invalid_field"),
     ],
 )
 async def test_bad_input_gets_the_documented_error(

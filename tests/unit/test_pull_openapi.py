@@ -127,9 +127,11 @@ def test_the_answers_and_what_their_errors_say() -> None:
     assert "too_many_leases" in too_many
     assert "77 leases" in too_many
     assert "45 s" in operation("/v1/queues/{queue}/receive", "post")["description"]
-    assert (
-        "batch_too_large" in answer("/v1/queues/{queue}/receipts/ack", "post", "413")["description"]
-    )
+    for path in ("receipts/ack", "receive"):
+        assert (
+            "batch_too_large"
+            in answer(f"/v1/queues/{{queue}}/{path}", "post", "413")["description"]
+        )
     for path in ("release", "extend"):
         gone = answer(f"/v1/queues/{{queue}}/receipts/{path}", "post", "410")["description"]
         assert "lease_expired" in gone
@@ -278,6 +280,15 @@ RECEIVE_BODIES: list[Any] = [
     {"visibility_timeout": None},
     {"visibility_timeout": False},
     {"other": 1},
+    {"ack": [R]},
+    {"ack": []},
+    {"ack": None},
+    {"ack": ["not one", ""]},  # each fails on its own, in the answer's `ack.failed`
+    {"ack": [R] * routes.MAX_ACK_BATCH},
+    {"ack": [R] * (routes.MAX_ACK_BATCH + 1)},
+    {"ack": [1]},
+    {"ack": R},
+    {"max_messages": 10, "wait_seconds": 1, "ack": [R, R]},
     [],
     "receive",
 ]
