@@ -39,20 +39,27 @@ async function work(messages) {
       console.log(JSON.stringify({ id, band, priority, attempt, sku, qty, action }));
     }
   } finally { clearInterval(keepalive); }
-  if (held.size === 0) return;
-  const { failed } = await call('receipts/ack', { receipts: [...held] }); // one request for all
-  for (const { receipt, error } of failed) console.error(`ack ${receipt}: ${error.code}`);
+  return [...held]; // to ack, with the next receive
 }
 
-// SIGTERM cuts a long poll short (the gateway sees the client go and gives back anything it
-// leased for it) but lets the batch in hand finish.
+const report = (failed, skip) => failed.filter(({ error }) => error.code !== skip)
+  .forEach(({ receipt, error }) => console.error(`ack ${receipt}: ${error.code}`));
+
+// Each receive first acks the batch before it: one request per batch. SIGTERM cuts a long
+// poll short (the gateway sees the client go and gives back anything it leased for it) but
+// lets the batch in hand finish; its receipts are acked in one last request.
 const receive = { max_messages: 10, wait_seconds: 20, visibility_timeout: visibility };
+let done = []; // handled, not acked yet
 while (!stopping.signal.aborted) {
   try {
-    await work((await call('receive', receive, stopping.signal)).messages);
+    const answer = await call('receive', { ...receive, ack: done }, stopping.signal);
+    report(answer.ack.failed);
+    done = await work(answer.messages);
   } catch (error) {
     if (error.name === 'AbortError') break; // SIGTERM while polling
     warn(error);
     await sleep(1000); // the gateway is down or refused us: do not spin
   }
 }
+// A poll cut short may have acked them already: lease_expired then says so.
+if (done.length) report((await call('receipts/ack', { receipts: done })).failed, 'lease_expired');
