@@ -24,7 +24,7 @@ backlog throughput, fair over off >= 0.95.
 `python -m bench tenants --only http`: the same runs with `HTTP_LOOPS` HTTP receive loops of a
 gateway process in the place of the worker (one message per receive, the same handler).
 
-`BANDGATE_BENCH_TENANTS_SECONDS` and `_ROUNDS` change the length (a run takes about 2 minutes
+`BANDGATE_BENCH_TENANTS_SECONDS` and `_ROUNDS` change the length (a run takes about 4 minutes
 on two cores with the defaults). `python -m bench tenants --rabbitmq 4.3` runs it on 4.3.
 """
 
