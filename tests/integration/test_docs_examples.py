@@ -7,26 +7,40 @@ test_producer.py; the Node worker by test_http_worker_example.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
+import shutil
+import signal
 import subprocess
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
+import aio_pika
 import httpx
 import pytest
+from aio_pika.abc import AbstractRobustConnection
 
+from bandgate import Producer
 from bandgate.gateway.settings import GatewaySettings
 from bandgate.ops.local_broker import free_port
+from bandgate.topology import wire
+from bandgate.topology.declare import apply_topology
+from bandgate.topology.loader import parse_topology
 from bandgate.topology.model import Topology
 from tests.broker import TestBroker
+from tests.integration.conftest import queue_depths
 from tests.integration.live_gateway import LiveGateway
+from tests.integration.test_dead_letters import get_all, write_topology
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDES = ROOT / "docs" / "guides"
 STATUS = re.compile(r"#\s*(?:[a-z ]+:\s*)?(\d{3})\b")
+VENV_BIN = ROOT / ".venv" / "bin"
 
 
 def curl_commands(page: Path) -> list[tuple[str, int | None]]:
@@ -97,6 +111,10 @@ def test_the_pages_show_the_commands_the_tests_run() -> None:
     assert [s for _, s in curl_commands(GUIDES / "publish-http.md")] == [None, 200]
     assert [s for _, s in curl_commands(GUIDES / "consume-http.md")] == [200, 204, 200]
     assert [s for _, s in curl_commands(GUIDES / "cancel-replace-escalate.md")] == [202, 201, None]
+    assert [s for _, s in curl_commands(GUIDES / "tenants.md")] == [None]
+    assert len(blocks(GUIDES / "tenants.md", "python")) == 1
+    assert len(blocks(GUIDES / "observability.md", "sh")) == 2
+    assert len(topology_examples()) >= 3
 
 
 def test_publishing_over_http_as_the_page_shows(gateway: LiveGateway) -> None:
@@ -126,3 +144,150 @@ def test_cancel_replace_and_escalate_as_the_page_shows(gateway: LiveGateway) -> 
     publish(gateway, payload={"order_id": 42}, priority=1, message_id="order-42")
     for command, expected in curl_commands(GUIDES / "cancel-replace-escalate.md"):
         check(command, expected, *run(command, gateway, ID="order-42"))
+
+
+def blocks(page: Path, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+
+
+def commands(block: str) -> list[str]:
+    """A block's commands, each line one, their comments aside."""
+    return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def shell(command: str, directory: Path, **env: str) -> str:
+    """`command` in a fresh bash, the virtualenv's `bandgate` on PATH as `source
+    .venv/bin/activate` puts it; the output of a command that succeeded."""
+    result = subprocess.run(
+        ["bash", "-c", command],
+        cwd=directory,
+        env={"PATH": f"{VENV_BIN}:/usr/bin:/bin", "HOME": str(directory), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def topology_examples() -> list[tuple[str, str]]:
+    """Every ```toml block of the docs (rglob("*.md")) but the included bandgate.toml, which
+    `make run` applies in test_readme.py."""
+    return [
+        (str(path.relative_to(ROOT)), block)
+        for path in sorted((ROOT / "docs").rglob("*.md"))
+        for block in blocks(path, "toml")
+        if not block.startswith("--8<--")
+    ]
+
+
+def test_every_topology_example_applies_to_a_broker(broker: TestBroker) -> None:
+    """guides/topology.md, ordered-sharded.md, tenants.md...: each example, declared on a vhost
+    of its own as `bandgate topology apply` declares it, gives the queues it says it does."""
+    for page, block in topology_examples():
+        topology = parse_topology(tomllib.loads(block))
+        with broker.fresh_vhost() as vhost:
+            asyncio.run(declared(broker.vhost_url(vhost), topology))
+            with broker.management() as api:
+                listed = api.get(f"/api/queues/{vhost}").json()
+            names = {queue["name"] for queue in listed}
+            for spec in topology.queues.values():
+                for band in spec.bands:
+                    assert f"{spec.name}.{band.name}" in names or any(
+                        name.startswith(f"{spec.name}.{band.name}.") for name in names
+                    ), (page, band.name, sorted(names))
+
+
+async def declared(amqp_url: str, topology: Topology) -> None:
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        await apply_topology(connection, topology)
+
+
+async def test_publishing_with_a_tenant_as_the_page_shows(
+    gateway: LiveGateway, amqp_url: str, amqp: AbstractRobustConnection, topology: Topology
+) -> None:
+    """tenants.md: the curl command and the Python line, each publishing order 42 low with the
+    tenant acme: both land in the cold band, carrying the tenant."""
+    page = GUIDES / "tenants.md"
+    [(command, expected)] = curl_commands(page)
+    status, body = await asyncio.to_thread(run, command, gateway)
+    check(command, expected, status, body)
+    [line] = blocks(page, "python")
+    code = compile(f"async def example(producer):\n    {line.strip()}\n", str(page), "exec")
+    scope: dict[str, object] = {}
+    exec(code, scope)  # the page's line, as the body of a function given a producer
+    async with Producer.connect(amqp_url, topology=topology) as producer:
+        await scope["example"](producer)  # type: ignore[operator]
+    cold = await get_all(amqp, "orders.cold")
+    assert [json.loads(m.body) for m in cold] == [{"order": 42}, {"order": 42}]
+    assert [(m.headers or {}).get(wire.TENANT) for m in cold] == ["acme", "acme"]
+    assert sum((await queue_depths(amqp, topology)).values()) == 0
+
+
+def test_the_statistics_and_the_doctor_as_the_page_shows(
+    gateway: LiveGateway, broker: TestBroker, amqp_url: str, topology: Topology, tmp_path: Path
+) -> None:
+    """observability.md: `bandgate stats orders` and `bandgate doctor` as written, in a
+    directory holding the deployment's bandgate.toml, with the broker's URLs exported as a
+    deployment exports them; the stats agree with `GET /v1/queues/orders/stats`."""
+    stats_block, doctor_block = blocks(GUIDES / "observability.md", "sh")
+    [stats] = commands(stats_block)
+    [doctor] = commands(doctor_block)
+    assert (stats, doctor) == ("bandgate stats orders", "bandgate doctor")
+    write_topology(topology, tmp_path).rename(tmp_path / "bandgate.toml")
+    env = {"BANDGATE_AMQP_URL": amqp_url, "BANDGATE_MANAGEMENT_URL": broker.management_url}
+    publish(gateway, payload={"order_id": 1}, priority=8)
+    publish(gateway, payload={"order_id": 2}, priority=1)
+    table = shell(stats, tmp_path, **env)
+    assert all(band in table for band in ("hot", "warm", "cold")), table
+    shown = json.loads(shell(f"{stats} --json", tmp_path, **env))
+    served = httpx.get(f"{gateway.url}/v1/queues/orders/stats", timeout=30).json()
+    ready = {band["band"]: band["ready"] for band in shown["bands"]}
+    assert ready == {band["band"]: band["ready"] for band in served["bands"]}
+    assert ready == {"hot": 1, "warm": 0, "cold": 1}
+    report = shell(doctor, tmp_path, **env)
+    assert re.search(r"\b0 error\(s\)", report), report
+
+
+def test_receiving_from_a_shell_as_the_page_shows(gateway: LiveGateway, tmp_path: Path) -> None:
+    """consume-http.md's "Run it against `make run`'s gateway": the Node worker with the
+    page's environment takes a message and acks it (node installed), and `bandgate receive`
+    prints one JSON line per message. `make run`'s address is the test gateway's, given to
+    `bandgate receive` as `make run` records it for the CLI: through BANDGATE_GATEWAY_URL."""
+    node_line, receive_line = commands(blocks(GUIDES / "consume-http.md", "sh")[-1])
+    address = {"BANDGATE_GATEWAY_URL": gateway.url}
+    publish(gateway, payload={"order_id": 1}, priority=8)
+    publish(gateway, payload={"order_id": 2}, priority=1)
+    printed = shell(receive_line, tmp_path, **address).splitlines()
+    assert sorted(json.loads(line)["payload"]["order_id"] for line in printed) == [1, 2]
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed: test_http_worker_example.py says the same")
+    run_node(node_line.replace("http://127.0.0.1:8000", gateway.url), gateway)
+
+
+def run_node(command: str, gateway: LiveGateway) -> None:
+    """The worker started as written settles a message published for it (the two above stay
+    leased to the shell's receive), then stops on SIGTERM with exit status 0."""
+    publish(gateway, payload={"order_id": 3}, priority=8, message_id="order-3")
+    worker = subprocess.Popen(
+        ["bash", "-c", f"exec env {command}"],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": os.environ.get("HOME", "/")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert worker.stdout is not None
+        for line in worker.stdout:
+            if line.startswith("{") and json.loads(line)["id"] == "order-3":
+                assert json.loads(line)["action"] == "ack", line
+                break
+        else:
+            pytest.fail("the worker ended without handling order 3")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        output = worker.communicate(timeout=60)[0]
+    assert worker.returncode == 0, output
