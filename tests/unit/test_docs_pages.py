@@ -110,3 +110,41 @@ def test_every_topology_example_of_the_docs_loads() -> None:
             Topology.model_validate(tomllib.loads(block))
         except ValueError as error:  # a TOML or a validation error
             pytest.fail(f"{path.relative_to(ROOT)}: {error}")
+
+
+def test_the_home_page_shows_the_readmes_first_commands() -> None:
+    """docs/index.md opens with the README's first block, which test_readme.py runs."""
+    readme = README.read_text(encoding="utf-8").split("\n## ", 1)[0]
+    home = (DOCS / "index.md").read_text(encoding="utf-8").split("\n## ", 1)[0]
+    assert shell_blocks(home) == shell_blocks(readme)[:1]
+
+
+def test_the_cluster_pages_rabbitmq_conf_is_what_private_nodes_write() -> None:
+    """docs/deploy/cluster.md's `rabbitmq.conf` lines: the key each version range takes and the
+    size are those bandgate writes for its own nodes (ops/local_broker.py), which
+    test_private_node.py reads back from running 3.10, 4.0 and 4.3 nodes."""
+    from bandgate.ops.local_broker import QUORUM_WAL_MAX_SIZE_BYTES, quorum_wal_key
+
+    page = (DOCS / "deploy" / "cluster.md").read_text(encoding="utf-8")
+    [block] = re.findall(r"```ini\n(.*?)```", page, re.S)
+    said = re.findall(r"# RabbitMQ ([\d.]+)[^\n]*\n([\w.]+) = (\d+)\n", block)
+    assert [(version, key) for version, key, _ in said] == [
+        ("3.10", quorum_wal_key("4.2")),
+        ("4.3", quorum_wal_key("4.3")),
+    ]
+    assert quorum_wal_key("3.10") == quorum_wal_key("4.2")
+    assert {int(size) for _, _, size in said} == {QUORUM_WAL_MAX_SIZE_BYTES}
+
+
+def test_the_layout_names_folders_that_exist() -> None:
+    """docs/explanation/design.md's two layout blocks: the floors' diagram names every floor of
+    the package and its import name; the listing names folders of this checkout."""
+    from tests.unit.test_floors import FLOORS
+
+    design = (DOCS / "explanation" / "design.md").read_text(encoding="utf-8")
+    floors, listing = re.findall(r"```\n(.*?)```", design, re.S)[:2]
+    shown = re.findall(r"\b(\w+)/\s+bandgate\.(\w+)\b", floors)
+    assert sorted(shown) == sorted((floor, floor) for floor in FLOORS)
+    folders = re.findall(r"^(\w+)/ ", listing, re.M)
+    assert len(folders) >= 5
+    assert [f for f in folders if not (ROOT / f).is_dir()] == []
