@@ -747,14 +747,7 @@ class Dispatcher(Generic[T]):
             candidates[band] = True
         band = self._policy.peek(candidates)
         head = heads[band]
-        if (
-            band == self._coldest
-            and headroom
-            and self.headroom is not None
-            and not self.headroom.admits(self._running, self._running - self._hotter_running)
-        ):
-            return None  # the free slots left are hotter work's headroom
-        if head is not None and head[0] == LANE and self._slot_kept_from_lane(band):
+        if self._held_back(band, head, headroom):
             return None
         if head is None:
             # Wait for the refill of a band the policy prefers; ask the owner, once per dry
@@ -817,6 +810,18 @@ class Dispatcher(Generic[T]):
             buffer.clear()
         self._changed.set()
         return items
+
+    def _held_back(self, band: int, head: tuple[int, int] | None, headroom: bool) -> bool:
+        """Whether the free slots left are hotter work's headroom (with `headroom`), or the
+        slot a fair band's lane leaves to the band's own queue."""
+        if (
+            band == self._coldest
+            and headroom
+            and self.headroom is not None
+            and not self.headroom.admits(self._running, self._running - self._hotter_running)
+        ):
+            return True
+        return head is not None and head[0] == LANE and self._slot_kept_from_lane(band)
 
     def _slot_kept_from_lane(self, band: int) -> bool:
         """Whether the last free slot stays free for the fair band's own queue ("Noisy lane"):
