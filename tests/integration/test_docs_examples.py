@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import tomllib
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from tests.broker import TestBroker
 from tests.integration.conftest import queue_depths
 from tests.integration.live_gateway import LiveGateway
 from tests.integration.test_dead_letters import get_all, write_topology
+from tools.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 
@@ -291,3 +293,31 @@ def run_node(command: str, gateway: LiveGateway) -> None:
         worker.send_signal(signal.SIGTERM)
         output = worker.communicate(timeout=60)[0]
     assert worker.returncode == 0, output
+
+
+@pytest.mark.fault
+def test_the_cluster_pages_steps_on_three_nodes(cluster: LocalCluster, tmp_path: Path) -> None:
+    """deploy/cluster.md's "The topology, applied once", as written on a local three-node
+    cluster: the page's user, password and vhost are made on it, `rabbit-N` is node N's address
+    and /etc/bandgate/bandgate.toml the shipped topology file. The topology applies, the doctor
+    finds no error, and the leaders spread over the three nodes as the page says: none leads
+    more than an even share plus one."""
+    page = (ROOT / "docs" / "deploy" / "cluster.md").read_text(encoding="utf-8")
+    [block] = re.findall(r"## 2\. The topology, applied once\n.*?```sh\n(.*?)```", page, re.S)
+    first = cluster.nodes[0]
+    first.ctl("add_user", "bandgate", "secret")
+    first.ctl("set_user_tags", "bandgate", "administrator")
+    first.ctl("add_vhost", "prod")
+    first.ctl("set_permissions", "-p", "prod", "bandgate", ".*", ".*", ".*")
+    script = block.replace("/etc/bandgate/bandgate.toml", str(ROOT / "bandgate.toml"))
+    script = script.replace("rabbit-1:15672", f"127.0.0.1:{first.management_port}")
+    for number, node in enumerate(cluster.nodes, start=1):
+        script = script.replace(f"rabbit-{number}:5672", f"127.0.0.1:{node.amqp_port}")
+    assert "rabbit-" not in script, script
+    report = shell(f"set -e\n{script}", tmp_path)
+    assert re.search(r"\b0 error\(s\)", report), report
+    leaders = cluster.leaders("prod")
+    assert len(leaders) >= 10, leaders
+    per_node = Counter(leaders.values())
+    assert len(per_node) == 3, per_node
+    assert max(per_node.values()) <= len(leaders) // 3 + 1, per_node
