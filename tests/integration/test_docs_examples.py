@@ -115,7 +115,8 @@ def test_the_pages_show_the_commands_the_tests_run() -> None:
     assert [s for _, s in curl_commands(GUIDES / "cancel-replace-escalate.md")] == [202, 201, None]
     assert [s for _, s in curl_commands(GUIDES / "tenants.md")] == [None]
     assert len(blocks(GUIDES / "tenants.md", "python")) == 1
-    assert len(blocks(GUIDES / "observability.md", "sh")) == 2
+    assert len(blocks(GUIDES / "observability.md", "sh")) == 3
+    assert [s for _, s in curl_commands(GUIDES / "observability.md")] == [200, None]
     assert len(topology_examples()) >= 3
 
 
@@ -234,7 +235,7 @@ def test_the_statistics_and_the_doctor_as_the_page_shows(
     """observability.md: `bandgate stats orders` and `bandgate doctor` as written, in a
     directory holding the deployment's bandgate.toml, with the broker's URLs exported as a
     deployment exports them; the stats agree with `GET /v1/queues/orders/stats`."""
-    stats_block, doctor_block = blocks(GUIDES / "observability.md", "sh")
+    stats_block, doctor_block = blocks(GUIDES / "observability.md", "sh")[:2]
     [stats] = commands(stats_block)
     [doctor] = commands(doctor_block)
     assert (stats, doctor) == ("bandgate stats orders", "bandgate doctor")
@@ -321,3 +322,22 @@ def test_the_cluster_pages_steps_on_three_nodes(cluster: LocalCluster, tmp_path:
     per_node = Counter(leaders.values())
     assert len(per_node) == 3, per_node
     assert max(per_node.values()) <= len(leaders) // 3 + 1, per_node
+
+
+def test_the_health_and_the_metrics_as_the_page_shows(gateway: LiveGateway) -> None:
+    """observability.md's curl commands: /readyz answers 200 with the broker's version, and
+    /metrics, after one publish to the hot band, counts it as the comment shows."""
+    readyz, metrics = curl_commands(GUIDES / "observability.md")
+    status, body = run(readyz[0], gateway)
+    check(*readyz, status, body)
+    assert json.loads(body)["status"] == "ready"
+    publish(gateway, payload={"order_id": 1}, priority=8)
+    status, text = run(metrics[0], gateway)
+    assert status == 200, text
+    said = re.search(r"# Prometheus text: (\w+)\{([^}]*)\} ([\d.]+)", metrics[0])
+    assert said is not None, metrics[0]
+    name, labels, value = said.groups()
+    line = next(line for line in text.splitlines() if line.startswith(f"{name}{{"))
+    shown = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+    assert dict(re.findall(r'(\w+)="([^"]*)"', labels)).items() <= shown.items(), line
+    assert float(line.rsplit(" ", 1)[1]) == float(value), line
