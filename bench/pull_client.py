@@ -44,6 +44,8 @@ from bench.worker_process import Recorder, WorkerProcess
 
 HOST = "127.0.0.1"
 READY_TIMEOUT = 60.0
+# A receive refused with these carried out its `ack` first (docs/guides/consume-http.md).
+ACKED_BEFORE = {"too_many_leases", "too_many_receives", "broker_unavailable"}
 SETTLE = 1.0  # between the receivers' first receive and the first publish
 FINISH = 10.0  # for what was published to be received, and for the loops to end
 
@@ -105,6 +107,8 @@ class Client:
             self.request_ms["receive"].append((time.perf_counter() - started) * 1000)
             if status != 200:
                 self.unexpected[f"receive {status}"] += 1
+                if carried and orjson.loads(answer)["error"]["code"] in ACKED_BEFORE:
+                    receipts = []  # settled before the receive was refused
                 await asyncio.sleep(0.1)
                 continue
             received = orjson.loads(answer)

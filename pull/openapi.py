@@ -180,8 +180,9 @@ def document(openapi: dict[str, Any], settings: PullSettings) -> None:
                 note=" Without a visibility_timeout a lease lasts "
                 f"{settings.default_visibility_seconds:g} s. With `ack` (the previous batch's "
                 "receipts, charged one each as in a batch ack), those are acked first, each "
-                "with its result in the answer's `ack`; a receive that then fails (429, 503) "
-                "leaves them acked.",
+                "with its result in the answer's `ack`; a receive refused after them (429 "
+                "too_many_leases or too_many_receives, 503 broker_unavailable) leaves them "
+                "acked.",
             )
         },
         "/v1/queues/{queue}/receipts/{receipt}": {
