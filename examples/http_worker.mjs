@@ -15,7 +15,8 @@ async function call(path, body, signal) {
   const init = { method: 'POST', headers, body: JSON.stringify(body), signal };
   const response = await fetch(`${base}/${path}`, init);
   const data = await response.json();
-  if (!response.ok) throw new Error(`${path}: ${data.error?.code}: ${data.error?.message}`);
+  const failure = new Error(`${path}: ${data.error?.code}: ${data.error?.message}`);
+  if (!response.ok) throw Object.assign(failure, { code: data.error?.code });
   return data;
 }
 
@@ -50,13 +51,16 @@ const report = (failed, skip) => failed.filter(({ error }) => error.code !== ski
 // lets the batch in hand finish; its receipts are acked in one last request.
 const receive = { max_messages: 10, wait_seconds: 20, visibility_timeout: visibility };
 let done = []; // handled, not acked yet
+const ackedFirst = new Set(['too_many_leases', 'too_many_receives', 'broker_unavailable']);
 while (!stopping.signal.aborted) {
   try {
     const answer = await call('receive', { ...receive, ack: done }, stopping.signal);
+    done = [];
     report(answer.ack.failed);
     done = await work(answer.messages);
   } catch (error) {
     if (error.name === 'AbortError') break; // SIGTERM while polling
+    if (ackedFirst.has(error.code)) done = []; // the receive acked them, then refused
     warn(error);
     await sleep(1000); // the gateway is down or refused us: do not spin
   }
