@@ -42,6 +42,15 @@ async def publish_backlog(connection: AbstractConnection, topology: Topology) ->
     await publisher.channels.close()
 
 
+async def cold_backlog(connection: AbstractConnection, topology: Topology, count: int) -> Publisher:
+    """The topology applied, and `count` cold messages in `orders`; the publisher, for more."""
+    await apply_topology(connection, topology)
+    publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
+    cold = [Envelope(queue="orders", payload={"n": n}, priority=1) for n in range(count)]
+    assert all(isinstance(r, Published) for r in await publisher.publish_many(cold))
+    return publisher
+
+
 def colder_before_last(order: Sequence[int], band: int) -> int:
     """How many messages of bands colder than `band` started before its last message did."""
     last = max(index for index, started in enumerate(order) if started == band)
@@ -146,10 +155,7 @@ async def test_the_coldest_band_fills_every_slot_while_hotter_bands_are_idle(
     waits for the first slot to free (at most one cold handler run) and gets it."""
     connection = await aio_pika.connect(amqp_url)
     async with connection:
-        await apply_topology(connection, topology)
-        publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
-        cold = [Envelope(queue="orders", payload={"n": n}, priority=1) for n in range(40)]
-        assert all(isinstance(r, Published) for r in await publisher.publish_many(cold))
+        publisher = await cold_backlog(connection, topology, 40)
 
         settings = WorkerSettings(amqp_url=amqp_url, cold_boost_seconds=300)
         app = ConsumerApp(settings, topology=topology)
@@ -192,10 +198,7 @@ async def test_a_hot_reserve_starts_the_first_hot_message_while_cold_work_holds_
     (without it, the case above: it waits for a cold handler to end)."""
     connection = await aio_pika.connect(amqp_url)
     async with connection:
-        await apply_topology(connection, topology)
-        publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
-        cold = [Envelope(queue="orders", payload={"n": n}, priority=1) for n in range(40)]
-        assert all(isinstance(r, Published) for r in await publisher.publish_many(cold))
+        publisher = await cold_backlog(connection, topology, 40)
 
         app = ConsumerApp(WorkerSettings(amqp_url=amqp_url), topology=topology)
         running: Counter[str] = Counter()
@@ -276,10 +279,7 @@ async def test_under_a_hot_trickle_cold_work_uses_more_than_a_quarter_of_the_slo
     every hot message is handled."""
     connection = await aio_pika.connect(amqp_url)
     async with connection:
-        await apply_topology(connection, topology)
-        publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
-        cold = [Envelope(queue="orders", payload={"n": n}, priority=1) for n in range(2000)]
-        assert all(isinstance(r, Published) for r in await publisher.publish_many(cold))
+        publisher = await cold_backlog(connection, topology, 2000)
 
         app = ConsumerApp(WorkerSettings(amqp_url=amqp_url), topology=topology)
         running: Counter[str] = Counter()
