@@ -65,6 +65,7 @@ class ReceivedMessage(BaseModel):
     visible_until: datetime = Field(description="when the lease lapses: visible again")
     headers: dict[str, Any] = Field(description="the producer's headers")
     partition_key: str | None
+    tenant: str | None = Field(description="whose message it is, as published (fair bands)")
 
 
 class AckSuccess(BaseModel):

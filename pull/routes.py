@@ -114,6 +114,7 @@ def message_body(lease: Lease) -> dict[str, Any]:
         "visible_until": iso(lease.visible_until),
         "headers": dict(message.headers),
         "partition_key": message.partition_key,
+        "tenant": message.tenant,
     }
 
 
