@@ -74,7 +74,8 @@ class Mailbox:
 
     async def forward(self, replica: str, command: Command) -> Answer:
         """Have process `replica` carry out `command`; its answer. `HolderGone`, or
-        `TimeoutError` when it does not answer within the timeout."""
+        `TimeoutError` when it does not answer within the timeout or the broker did not take
+        the command."""
         assert self._channel is not None, "open the mailbox first"
         correlation = uuid.uuid4().hex
         answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
@@ -96,6 +97,11 @@ class Mailbox:
                     )
                 except aiormq.exceptions.PublishError:
                     raise HolderGone(replica) from None
+                except aiormq.exceptions.AMQPError as exc:
+                    # Not taken (a nack, a channel closing), as while the broker deletes the
+                    # mailbox of a process that just died: unanswered, so "try again" (503),
+                    # never a 500. A killed holder's ack was answered 500 once on RabbitMQ 4.3.
+                    raise TimeoutError(f"{replica} was not sent the command: {exc!r}") from None
                 return await answer
         finally:
             self._pending.pop(correlation, None)
