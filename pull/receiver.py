@@ -20,7 +20,9 @@ differs:
   new messages go to gateway processes whose clients wait. On RabbitMQ 4.3 it also gives back
   what it holds unleased (a nack, which 4.3 does not count as a delivery). Earlier versions
   count every return (a client that polls, then sleeps, would see its messages dead-lettered
-  for `delivery-limit`): there the held messages stay for the next `receive` here. A
+  for `delivery-limit`): there the held messages stay for the next `receive` here, for
+  `hold_seconds`; then they go back as uncounted copies (`Settler.hand_back`), at the back of
+  their band, so that no process keeps messages that no client asked for. A
   `receive` resumes it, hottest band first, each band's first prefetch in hand before the
   next (as a worker starts), so a backlog's order is strict from the first `receive` on.
   Ordered queues (single active consumer) never pause.
@@ -37,7 +39,7 @@ import asyncio
 import collections
 import contextvars
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 
 from aio_pika.abc import AbstractConnection
@@ -155,6 +157,7 @@ class PullQueue:
         self._paused = False
         self._switch = asyncio.Lock()
         self._pause_timer: asyncio.TimerHandle | None = None
+        self._hold_timer: asyncio.TimerHandle | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._reruns: collections.deque[_Rerun] = collections.deque()
         self._rerun_ready = asyncio.Event()
@@ -177,9 +180,7 @@ class PullQueue:
         self._waiting += 1
         seat = object()
         self._seat(seat, empty=True)  # a seat more: a held-back cold lease may go
-        if self._pause_timer is not None:
-            self._pause_timer.cancel()
-            self._pause_timer = None
+        self._cancel_timers()
         leases: list[Lease] = []
         try:
             await self._resume()
@@ -366,9 +367,22 @@ class PullQueue:
             self.settings.linger_seconds, self._spawn_pause
         )
 
+    def _cancel_timers(self) -> None:
+        for timer in (self._pause_timer, self._hold_timer):
+            if timer is not None:
+                timer.cancel()
+        self._pause_timer = self._hold_timer = None
+
     def _spawn_pause(self) -> None:
         self._pause_timer = None
-        task = asyncio.create_task(self._pause())
+        self._spawn(self._pause())
+
+    def _spawn_release(self) -> None:
+        self._hold_timer = None
+        self._spawn(self._release_held())
+
+    def _spawn(self, work: Coroutine[None, None, None]) -> None:
+        task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -379,6 +393,17 @@ class PullQueue:
             # Before 4.3, what it holds waits here for the next receive: see the docstring.
             await self.runner.pause(give_back_held=not self.count_returns)
             self._paused = True
+            if self.count_returns:
+                self._hold_timer = asyncio.get_running_loop().call_later(
+                    self.settings.hold_seconds, self._spawn_release
+                )
+
+    async def _release_held(self) -> None:
+        """Past `hold_seconds` paused: give back what it holds, as uncounted copies."""
+        async with self._switch:
+            if self._waiting or not self._paused or self.runner.stopping:
+                return
+            await self.runner.pause(give_back_held=True)
 
     async def _resume(self) -> None:
         """Consume again, hottest band first, each primed (`ConsumerRunner.open`'s reasons)."""
@@ -390,8 +415,7 @@ class PullQueue:
 
     async def close(self) -> None:
         """Stop taking; the messages still leased go back to their bands, uncounted."""
-        if self._pause_timer is not None:
-            self._pause_timer.cancel()
+        self._cancel_timers()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

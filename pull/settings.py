@@ -59,6 +59,14 @@ class PullSettings(BaseSettings):
         ge=0,
         description="how long a process keeps consuming after its last waiting receive",
     )
+    hold_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="before RabbitMQ 4.3, how long a paused process keeps the messages it "
+        "holds unleased for its next receive; then it gives them back, uncounted, as copies "
+        "at the back of their band, for other processes and workers (4.3 gives them back, "
+        "in place, at the pause)",
+    )
     cold_boost_seconds: float = Field(
         default=IDLE_AFTER,
         ge=0,

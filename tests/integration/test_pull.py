@@ -187,6 +187,34 @@ async def test_a_client_that_polls_then_sleeps_does_not_wear_messages_out(
     assert (await queue_depths(amqp, topology))["jobs.dlq"] == 0
 
 
+async def test_a_paused_process_gives_back_what_it_holds_after_hold_seconds(
+    gateway_settings: GatewaySettings,
+    topology: Topology,
+    amqp: AbstractRobustConnection,
+) -> None:
+    """One receive of one message prefetches the rest of the band into the process. Once no
+    client waits, it pauses and, past `hold_seconds` (at the pause on 4.3), gives them back
+    to their band for other processes and workers, uncounted. Before, a process kept
+    messages no client had asked for until its next receive or its shutdown."""
+    settings = PullSettings(linger_seconds=0.05, hold_seconds=0.2)
+    async with served(gateway_settings, topology, settings) as http:
+        for index in range(5):
+            await publish(http, "orders", payload={"n": index}, priority=1)
+        [first] = await receive(http, "orders", wait_seconds=5)
+        response = await http.delete(f"/v1/queues/orders/receipts/{first['receipt']}")
+        assert response.status_code == 204
+        deadline = time.monotonic() + 15
+        while (await queue_depths(amqp, topology))["orders.cold"] != 4:
+            assert time.monotonic() < deadline, "the process kept what no client asked for"
+            await asyncio.sleep(0.05)
+        rest = await receive(http, "orders", max_messages=10, wait_seconds=5)
+        assert sorted(message["payload"]["n"] for message in rest) == [1, 2, 3, 4]
+        assert {message["receive_count"] for message in rest} == {1}
+        for message in rest:
+            response = await http.delete(f"/v1/queues/orders/receipts/{message['receipt']}")
+            assert response.status_code == 204
+
+
 async def test_extending_keeps_a_message_invisible(pull: httpx.AsyncClient) -> None:
     await publish(pull, "orders", payload={}, priority=8)
     # The first lease outlasts the extend's round trip on a loaded machine.
