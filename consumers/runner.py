@@ -485,8 +485,11 @@ class ConsumerRunner:
             self.hooks.settled(delivery, message, outcome)
 
     def _log_failure(self, message: Message, error: BaseException, outcome: Outcome) -> None:
+        # A `Reject` is the handler's (or an HTTP client's) decision: a warning, not an error
+        # to alert on. A message dead-lettered because it kept failing is an error.
+        chosen = isinstance(error, Reject)
         log.log(
-            logging.ERROR if isinstance(outcome, DeadLetter) else logging.WARNING,
+            logging.ERROR if isinstance(outcome, DeadLetter) and not chosen else logging.WARNING,
             "%s failed on message %s (attempt %d, band %s): %s -> %s%s",
             self.consumer.name,
             message.message_id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -269,16 +270,20 @@ async def test_release_retries_then_dead_letters_after_max_attempts(
 
 
 async def test_release_to_the_dead_letter_queue_with_a_reason(
-    pull: httpx.AsyncClient, amqp: AbstractRobustConnection, topology: Topology
+    pull: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A client's dead-letter is its decision, logged as a warning: not an error to alert on."""
     await publish(pull, "orders", payload={}, priority=5)
     [message] = await receive(pull, "orders", wait_seconds=2)
-    response = await pull.post(
-        "/v1/queues/orders/receipts/release",
-        json={"receipt": message["receipt"], "dead_letter": True, "reason": "bad sku"},
-    )
+    with caplog.at_level(logging.INFO, logger="bandgate"):
+        response = await pull.post(
+            "/v1/queues/orders/receipts/release",
+            json={"receipt": message["receipt"], "dead_letter": True, "reason": "bad sku"},
+        )
     assert response.status_code == 200, response.text
     assert response.json()["cause"] == "rejected"
+    said = [record for record in caplog.records if message["message_id"] in record.getMessage()]
+    assert [record.levelno for record in said] == [logging.WARNING]
     letters = await pull.get("/v1/queues/orders/dlq")
     assert letters.status_code == 200, letters.text
     assert "bad sku" in letters.text
