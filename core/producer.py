@@ -23,13 +23,14 @@ import os
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Required, TypedDict
+from typing import Any, Required, TypedDict, Unpack
 
 from aio_pika.abc import AbstractRobustConnection
 from pydantic import Field
 
-from bandgate.core import cluster_connection, error_codes
+from bandgate.core import cluster_connection, error_codes, tombstoning
 from bandgate.core.broker import RECONNECT_INTERVAL_SECONDS, is_blocked
+from bandgate.core.ledger import Entry
 from bandgate.core.protocol.confirms import ChannelSet, confirm_channel_factory
 from bandgate.core.publish_outcomes import (
     BrokerBlocked,
@@ -39,7 +40,7 @@ from bandgate.core.publish_outcomes import (
     PublishFailure,
     UnknownQueue,
 )
-from bandgate.core.publishing import Publisher
+from bandgate.core.publishing import PublishChannels, Publisher
 from bandgate.core.telemetry import Telemetry
 from bandgate.topology import naming
 from bandgate.topology.declare import apply_topology
@@ -89,17 +90,22 @@ class ProducerSettings(BrokerSettings):
     )
 
 
-class BatchMessage(TypedDict, total=False):
-    """One message of `publish_batch`: a payload and the keyword arguments of `publish`."""
+class PublishOptions(TypedDict, total=False):
+    """The keyword arguments of `publish` but `message_id` (those of `replace`)."""
 
-    payload: Required[Any]
     priority: int | str | None
     delay: float | None
     deliver_at: datetime | None
     headers: Mapping[str, HeaderValue] | None
-    message_id: str | None
     partition_key: str | None
     tenant: str | None
+
+
+class BatchMessage(PublishOptions, total=False):
+    """One message of `publish_batch`: a payload and the keyword arguments of `publish`."""
+
+    payload: Required[Any]
+    message_id: str | None
 
 
 _BATCH_KEYS = BatchMessage.__required_keys__ | BatchMessage.__optional_keys__
@@ -135,14 +141,19 @@ class Producer:
         channel_pool_size: int = 2,
         telemetry: Telemetry | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
+        channels: PublishChannels | None = None,
     ) -> None:
         """A producer on a connection the caller owns (`close` leaves it open); `connect`
         opens one of its own. A payload over `max_body_bytes` of JSON is refused, as the
-        gateway refuses a body over its `BANDGATE_MAX_BODY_BYTES`."""
+        gateway refuses a body over its `BANDGATE_MAX_BODY_BYTES`. `channels`: publish
+        through these instead of confirm channels of `connection` (the in-memory broker of
+        `bandgate.testing`)."""
         self.connection = connection
         self.topology = topology
         self.max_body_bytes = max_body_bytes
-        self._channels = ChannelSet(confirm_channel_factory(connection), channel_pool_size)
+        self._channels = channels or ChannelSet(
+            confirm_channel_factory(connection), channel_pool_size
+        )
         self._publisher = Publisher(topology, self._channels, confirm_timeout, telemetry)
         self._owns_connection = False
         self._closed = False
@@ -279,6 +290,33 @@ class Producer:
         settled = tuple(outcome for outcome in outcomes if outcome is not None)
         assert len(settled) == len(outcomes), "a batch message was never settled"
         return BatchResult(settled)
+
+    async def cancel(self, queue: str, message_id: str) -> Entry:
+        """Cancel every copy of `message_id` published to `queue` before now that no consumer
+        has started, as `DELETE .../messages/{message_id}` does: a tombstone in the ledger,
+        which consumers that follow it read before they run a copy. The ledger cannot tell an
+        id never published, or already handled, from a pending one."""
+        spec = self._spec(queue)
+        self._begin()
+        try:
+            return await tombstoning.cancel(self._publisher, spec.name, message_id)
+        finally:
+            self._end()
+
+    async def replace(
+        self, queue: str, message_id: str, payload: Any, **options: Unpack[PublishOptions]
+    ) -> tuple[Published, int]:
+        """Publish `payload` as a new generation of `message_id` (with `publish`'s options)
+        and cancel the older copies, as `PUT .../messages/{message_id}` does: (what was
+        published, its generation). An escalate is a replace at a hotter `priority`.
+        `tombstoning.TombstoneNotWritten` when the new copy was confirmed and its tombstone
+        was not (the older copies may run)."""
+        envelope = self._envelope(self._spec(queue), payload, {**options, "message_id": message_id})
+        self._begin()
+        try:
+            return await tombstoning.publish_generation(self._publisher, envelope)
+        finally:
+            self._end()
 
     async def close(self) -> None:
         """Refuse new publishes, wait for those under way (each ends within the confirm

@@ -14,7 +14,7 @@ import struct
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import aio_pika
 import aiormq
@@ -24,7 +24,6 @@ from bandgate.core.fairness import Fairness
 from bandgate.core.protocol.confirms import (  # ChannelSet and the factory are part of this API
     ChannelSet,
     Confirmation,
-    ConfirmPipeline,
     FrameTooLarge,
     confirm_channel_factory,
 )
@@ -62,6 +61,8 @@ __all__ = [
     "MessageTooLarge",
     "NotEnqueued",
     "OutcomeUnknown",
+    "PublishChannels",
+    "PublishPipeline",
     "Published",
     "Publisher",
     "PublishFailure",
@@ -70,6 +71,33 @@ __all__ = [
     "Unroutable",
     "confirm_channel_factory",
 ]
+
+
+_Properties = aiormq.spec.Basic.Properties
+
+
+class PublishPipeline(Protocol):
+    """What a publish is handed to: a `ConfirmPipeline` on a broker's confirm channel, or the
+    in-memory broker of `bandgate.testing`. Its future resolves with the broker's answer
+    (`aiormq.spec.Basic.Ack` when confirmed; `check_acked` reads it)."""
+
+    @property
+    def is_closed(self) -> bool: ...
+
+    def publish(
+        self, exchange: str, routing_key: str, body: bytes, properties: _Properties
+    ) -> Confirmation: ...
+
+
+class PublishChannels(Protocol):
+    """Where a `Publisher` gets its pipelines: a `ChannelSet` of confirm channels, or the
+    in-memory broker of `bandgate.testing` (the one seam at which publishing meets a broker)."""
+
+    def ready(self) -> PublishPipeline | None: ...
+
+    async def get(self) -> PublishPipeline: ...
+
+    async def close(self) -> None: ...
 
 
 class Publisher:
@@ -84,7 +112,7 @@ class Publisher:
     def __init__(
         self,
         topology: Topology,
-        channels: ChannelSet,
+        channels: PublishChannels,
         confirm_timeout: float = 5.0,
         telemetry: Telemetry | None = None,
     ) -> None:
@@ -283,7 +311,7 @@ class Publisher:
     def _now() -> float:
         return asyncio.get_running_loop().time()
 
-    async def _pipeline(self, deadline: float) -> ConfirmPipeline:
+    async def _pipeline(self, deadline: float) -> PublishPipeline:
         """An open confirm channel's pipeline. The publish deadline covers this too: on a
         half-open or reconnecting connection it waits, and must not stall a publish past
         the timeout. Nothing was sent yet, so any failure here is `BrokerUnavailable`."""
@@ -326,14 +354,14 @@ class _Outgoing(NamedTuple):
     properties: aiormq.spec.Basic.Properties
 
 
-def _submit(pipeline: ConfirmPipeline, outgoing: _Outgoing) -> Confirmation:
+def _submit(pipeline: PublishPipeline, outgoing: _Outgoing) -> Confirmation:
     return _send(
         pipeline, outgoing.exchange, outgoing.routing_key, outgoing.body, outgoing.properties
     )
 
 
 def _send(
-    pipeline: ConfirmPipeline,
+    pipeline: PublishPipeline,
     exchange: str,
     routing_key: str,
     body: bytes,

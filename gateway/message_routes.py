@@ -4,19 +4,19 @@ A message inside a band cannot be changed or taken out without draining the band
 routes never touch the copies already enqueued: they publish a new generation and write a
 tombstone (`core.ledger`), and consumers skip the copies the tombstone kills. The order is the
 ledger's rule: a replacement is confirmed before its tombstone is written, so a failure in
-between leaves a duplicate (and an answer that says so), never a lost message.
+between leaves a duplicate (and an answer that says so), never a lost message; the writes
+themselves are `core.tombstoning`'s, which the Python producer shares.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from bandgate.core import error_codes, ledger
+from bandgate.core import error_codes, tombstoning
 from bandgate.core.publishing import PublishFailure
 from bandgate.gateway.auth import authorize
 from bandgate.gateway.budgets import Window
@@ -32,7 +32,6 @@ from bandgate.gateway.routes import (
     topology_of,
 )
 from bandgate.gateway.schemas import parse_publish
-from bandgate.topology import wire
 from bandgate.topology.model import QueueSpec
 
 CANCEL_NOTE = (
@@ -75,9 +74,8 @@ async def cancel(request: Request) -> Response:
     link = link_of(request)
     ensure_connected(link)
     _charge_tombstone(request)
-    entry = ledger.cancel(spec.name, message_id)
     try:
-        await link.publisher.record(entry.encode())
+        entry = await tombstoning.cancel(link.publisher, spec.name, message_id)
     except PublishFailure as failure:
         raise failure_error(failure) from None
     body = {
@@ -142,23 +140,16 @@ async def _publish_generation(
         )
     body = data if not isinstance(data, dict) else {**data, "message_id": message_id}
     envelope = parse_publish(body, spec, topology_of(request))
-    generation = ledger.new_generation()
-    envelope = dataclasses.replace(envelope, extra_headers={wire.GENERATION: generation})
     link = link_of(request)
     ensure_connected(link)
     _charge_tombstone(request)
     try:
-        result = await link.publisher.publish(envelope)
+        result, generation = await tombstoning.publish_generation(link.publisher, envelope)
     except PublishFailure as failure:
         raise failure_error(failure) from None
-    try:
-        await link.publisher.record(ledger.replace(spec.name, message_id, generation).encode())
-    except PublishFailure as failure:
+    except tombstoning.TombstoneNotWritten as half:
         raise ApiError.of(
-            error_codes.TOMBSTONE_NOT_WRITTEN,
-            f"generation {generation} of message {message_id!r} was published, but the "
-            f"tombstone for the older copies was not written ({failure}): they may still run. "
-            f"Repeating the {request.method} is safe",
+            error_codes.TOMBSTONE_NOT_WRITTEN, f"{half}. Repeating the {request.method} is safe"
         ) from None
     return json_response(published_body(result) | {"generation": generation}, 201)
 
