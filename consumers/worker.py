@@ -32,7 +32,7 @@ from bandgate.core.ledger_follower import LedgerFollower
 from bandgate.core.protocol import frames
 from bandgate.core.publishing import ChannelSet, Publisher, confirm_channel_factory
 from bandgate.core.telemetry import Telemetry
-from bandgate.topology.declare import apply_topology
+from bandgate.topology.declare import apply_topology, broker_version, counts_every_return
 from bandgate.topology.doctor import check_broker, log_report
 from bandgate.topology.management import vhost_of
 from bandgate.topology.model import Topology
@@ -174,6 +174,9 @@ class Worker:
                     timings=Timings.of(self.settings),
                     telemetry=self.telemetry,
                     tombstones=tombstones,
+                    # A graceful give-back (SIGTERM) is not a delivery: where the broker
+                    # counts every return, give back uncounted copies instead.
+                    hand_back=counts_every_return(broker_version(connection)),
                 )
                 for consumer in self.app.consumers
             ]

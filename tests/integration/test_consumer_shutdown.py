@@ -14,6 +14,7 @@ from bandgate.consumers.worker import Worker
 from bandgate.core.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
 from bandgate.topology import naming
 from bandgate.topology.declare import apply_topology
+from bandgate.topology.loader import parse_topology
 from bandgate.topology.model import Topology
 from bandgate.topology.wire import Envelope
 
@@ -58,3 +59,62 @@ async def test_a_handler_past_the_grace_period_is_cancelled_and_its_message_retu
         )  # the running one, the buffered one, the rest
         dlq = await channel.declare_queue(naming.dead_letter_queue("orders"), passive=True)
         assert dlq.declaration_result.message_count == 0
+
+
+async def test_graceful_restarts_do_not_wear_a_held_message_out(amqp_url: str) -> None:
+    """Three SIGTERM-style stops of a worker holding three messages (one running, the rest
+    buffered), on a queue whose `max_deliveries` is 2: before RabbitMQ 4.3 every return
+    counts, so handing them back with a nack dead-lettered them for `delivery-limit` though
+    no handler ever failed. They go back as uncounted copies there (a nack on 4.3), and the
+    next worker handles all three."""
+    topology = parse_topology(
+        {"queues": {"orders": {"retry": {"max_attempts": 3, "max_deliveries": 2}}}}
+    )
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        await apply_topology(connection, topology)
+        publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
+        envelopes = [Envelope(queue="orders", payload=n, priority=8) for n in range(3)]
+        assert all(isinstance(r, Published) for r in await publisher.publish_many(envelopes))
+        await publisher.channels.close()
+        settings = WorkerSettings(amqp_url=amqp_url, shutdown_grace_seconds=0.2)
+
+        for _ in range(3):
+            await _stop_while_holding(settings, topology)
+
+        app = ConsumerApp(settings, topology=topology)
+        handled: list[int] = []
+        done = asyncio.Event()
+
+        @app.consumer("orders", concurrency=1)
+        async def record(msg: Message) -> None:
+            handled.append(msg.payload)
+            if len(handled) == 3:
+                done.set()
+
+        worker = Worker(app)
+        task = asyncio.create_task(worker.run())
+        await asyncio.wait_for(done.wait(), 30)
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+        assert sorted(handled) == [0, 1, 2]
+        channel = await connection.channel()
+        dlq = await channel.declare_queue(naming.dead_letter_queue("orders"), passive=True)
+        assert dlq.declaration_result.message_count == 0
+
+
+async def _stop_while_holding(settings: WorkerSettings, topology: Topology) -> None:
+    """Run a worker whose handler never ends; stop it once a message runs."""
+    app = ConsumerApp(settings, topology=topology)
+    running = asyncio.Event()
+
+    @app.consumer("orders", concurrency=1)
+    async def stuck(msg: Message) -> None:
+        running.set()
+        await asyncio.Event().wait()
+
+    worker = Worker(app)
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(running.wait(), 30)
+    worker.stop()
+    await asyncio.wait_for(task, 10)
