@@ -21,6 +21,7 @@ COPY gateway /src/gateway
 COPY consumers /src/consumers
 COPY pull /src/pull
 COPY ops /src/ops
+COPY testing /src/testing
 # The `all` extra: the gateway and its console (Starlette, uvicorn) and the OTLP exporter, beside
 # what a worker needs.
 RUN pip install "/src[all]" && rm -rf /src

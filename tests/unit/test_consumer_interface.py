@@ -1,12 +1,15 @@
-"""`bandgate.pull` drives the worker library through its public interface only: every name it
-imports from `bandgate.consumers` is one the package exports (`bandgate.consumers.__all__`,
-documented in its docstring), imported from the package itself, never from a module inside;
-and of a runner it uses only what `RUNNER_INTERFACE` names."""
+"""`bandgate.pull` and the in-memory harness (`bandgate.testing`) drive the worker library
+through its public interface only: every name they import from `bandgate.consumers` is one the
+package exports (`bandgate.consumers.__all__`, documented in its docstring), imported from the
+package itself, never from a module inside; and of a runner they use only what
+`RUNNER_INTERFACE` names."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 import bandgate.consumers
 from bandgate.consumers import runner
@@ -32,10 +35,14 @@ def outside_the_interface(imported: list[str]) -> list[str]:
     return [name for name in imported if name not in public]
 
 
-def test_pull_imports_only_the_public_interface() -> None:
+DRIVERS = ("pull", "testing")  # the packages that drive runners of the worker library
+
+
+@pytest.mark.parametrize("package", DRIVERS)
+def test_drivers_import_only_the_public_interface(package: str) -> None:
     imported = {
         str(path.relative_to(ROOT)): imports_of_the_library(path)
-        for path in sorted((ROOT / "pull").glob("*.py"))
+        for path in sorted((ROOT / package).glob("*.py"))
     }
     assert any(imported.values())
     assert {path: outside_the_interface(names) for path, names in imported.items()} == {
@@ -70,9 +77,13 @@ def runner_attributes(path: Path) -> set[str]:
     return used
 
 
-def test_pull_uses_only_the_runner_interface() -> None:
-    used = set().union(*(runner_attributes(path) for path in (ROOT / "pull").glob("*.py")))
-    assert {"take", "start", "untake"} <= used
+@pytest.mark.parametrize(
+    ("package", "uses"),
+    [("pull", {"take", "start", "untake"}), ("testing", {"open", "run", "stop_consuming"})],
+)
+def test_drivers_use_only_the_runner_interface(package: str, uses: set[str]) -> None:
+    used = set().union(*(runner_attributes(path) for path in (ROOT / package).glob("*.py")))
+    assert uses <= used
     assert used - RUNNER_INTERFACE == set()
 
 

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FLOORS = ("topology", "core", "gateway", "consumers", "pull", "ops")
+FLOORS = ("topology", "core", "gateway", "consumers", "pull", "ops", "testing")
 # `bandgate.core.ledger`, or the short form `core.ledger` a docstring writes in backticks; not a
 # file name (`bandgate.toml`).
 DOTTED = re.compile(
     r"\bbandgate(?:\.[A-Za-z_][A-Za-z0-9_]*)+(?!\.?[A-Za-z])"
-    r"|(?<=`)(?:topology|core|gateway|consumers|pull|ops)(?:\.[A-Za-z_][A-Za-z0-9_]*)+(?=[`(])"
+    r"|(?<=`)(?:topology|core|gateway|consumers|pull|ops|testing)"
+    r"(?:\.[A-Za-z_][A-Za-z0-9_]*)+(?=[`(])"
 )
 FILES = frozenset({"bandgate.toml"})
 

@@ -31,6 +31,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "consumers": frozenset({"topology", "core", "consumers"}),
     "pull": frozenset({"topology", "core", "gateway", "consumers", "pull"}),
     "ops": frozenset({"topology", "core", "gateway", "consumers", "pull", "ops"}),
+    # The in-memory harness (`bandgate.testing`): on the worker library and the core; nothing
+    # imports it but tests.
+    "testing": frozenset({"topology", "core", "consumers", "testing"}),
 }
 FLOORS = tuple(ALLOWED)
 OLD_NAMES = frozenset(FLOORS)

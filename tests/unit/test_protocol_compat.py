@@ -104,7 +104,7 @@ def test_a_closing_channel_is_read_from_the_real_aiormq() -> None:
     assert compat.close_event(channel).is_set()
 
 
-PRODUCT = ("topology", "core", "gateway", "consumers", "pull", "ops")
+PRODUCT = ("topology", "core", "gateway", "consumers", "pull", "ops", "testing")
 PROTOCOL_HOME = ROOT / "core" / "protocol"
 # The one adapter outside the home: it needs uvicorn, which a worker's install lacks.
 UVICORN_ADAPTER = ROOT / "gateway" / "http_server.py"
