@@ -197,9 +197,17 @@ class MemoryBroker:
                 found[binding.destination] = self.queues[binding.destination]
 
     def _enqueue(
-        self, queue: MemoryQueue, body: bytes, properties: Properties, exchange: str, key: str
+        self,
+        queue: MemoryQueue,
+        body: bytes,
+        properties: Properties,
+        exchange: str,
+        key: str,
+        at: float | None = None,
     ) -> None:
-        stored = Stored(body, properties, exchange, key, next(self._seq), self.clock.now)
+        """Into `queue`, as of `at` on the test's clock (None: now)."""
+        entered = self.clock.now if at is None else at
+        stored = Stored(body, properties, exchange, key, next(self._seq), entered)
         if queue.stream:
             headers = dict(properties.headers or {})
             headers["x-stream-offset"] = len(queue.log)
@@ -213,7 +221,7 @@ class MemoryBroker:
     def next_expiry(self) -> float | None:
         """When the next waiting message expires, on the test's clock (None: none waits)."""
         due = [
-            stored.entered + ttl
+            _due(stored, ttl)
             for queue in self.queues.values()
             if (ttl := queue.ttl) is not None
             for _, stored in queue.ready
@@ -221,22 +229,25 @@ class MemoryBroker:
         return min(due, default=None)
 
     def expire(self) -> int:
-        """Dead-letter every waiting message whose queue TTL has run out by now; how many."""
+        """Dead-letter every waiting message whose queue TTL has run out by now, each at the
+        moment it expired (a hop of the ladder that ends before now goes on from there); how
+        many expired."""
         count = 0
-        for queue in list(self.queues.values()):
-            ttl = queue.ttl
-            if ttl is None:
-                continue
-            expired = [item for item in queue.ready if item[1].entered + ttl <= self.clock.now]
-            for item in expired:
-                queue.ready.remove(item)
-                self.dead_letter(queue, item[1], "expired")
-                count += 1
+        while (due := self.next_expiry()) is not None and due <= self.clock.now:
+            for queue in list(self.queues.values()):
+                ttl = queue.ttl
+                expired = [item for item in queue.ready if ttl and _due(item[1], ttl) == due]
+                for item in expired:
+                    queue.ready.remove(item)
+                    self.dead_letter(queue, item[1], "expired", at=due)
+                    count += 1
         if count:
             self.wake()
         return count
 
-    def dead_letter(self, queue: MemoryQueue, stored: Stored, reason: str) -> None:
+    def dead_letter(
+        self, queue: MemoryQueue, stored: Stored, reason: str, at: float | None = None
+    ) -> None:
         """Republish into the queue's dead-letter exchange, with `x-death` (dropped when the
         queue has none, as RabbitMQ drops it)."""
         exchange = queue.arguments.get("x-dead-letter-exchange")
@@ -259,7 +270,7 @@ class MemoryBroker:
         headers.setdefault("x-first-death-exchange", stored.exchange)
         properties.headers = headers
         for target in self.route(exchange, key, headers):
-            self._enqueue(target, stored.body, _copied(properties), exchange, key)
+            self._enqueue(target, stored.body, _copied(properties), exchange, key, at)
 
     # -- consuming ------------------------------------------------------------------------
 
@@ -396,6 +407,11 @@ class MemoryBroker:
         return next(self._tags)
 
 
+def _due(stored: Stored, ttl: float) -> float:
+    """When it expires: to the microsecond, so that hops of 50 ms x 2^k add up exactly."""
+    return round(stored.entered + ttl, 6)
+
+
 @dataclass(frozen=True)
 class _Header:
     """A delivery's content header: its properties are all a reader takes of it."""
@@ -433,10 +449,11 @@ def _copied(properties: Properties) -> Properties:
 class MemoryChannel:
     """One channel: stands in for aio-pika's channel and for aiormq's underneath it."""
 
+    is_closed = False
+
     def __init__(self, broker: MemoryBroker, number: int) -> None:
         self.broker = broker
         self.number = number
-        self.is_closed = False
         self.prefetch = 0  # no limit
         self.unacked: dict[int, _Unacked] = {}
         self.close_callbacks: set[Callable[..., Any]] = set()
