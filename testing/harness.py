@@ -92,14 +92,18 @@ class DeadLettered:
 
     @property
     def message_id(self) -> str:
+        """`record.message_id`."""
         return self.record.message_id
 
     @property
     def reason(self) -> str | None:
+        """`record.reason`: why it was given up on."""
         return self.record.reason
 
     @property
     def cause(self) -> str | None:
+        """`record.cause`: rejected, max-attempts, delivery-limit, malformed, skipped, or the
+        broker's own (expired, ...)."""
         return self.record.cause
 
 

@@ -14,6 +14,7 @@ has no words.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import json
 import re
@@ -166,18 +167,23 @@ def topology_section() -> str:
 
 # --- the Python API ------------------------------------------------------------------------
 
-# Beside the names `bandgate` exports: what a handler's unit test uses.
-TESTING_NAMES = ("deliver", "make_message")
+# Beside the names `bandgate` exports: what a handler's unit test uses, and the in-memory
+# harness that tests a flow (docs/guides/testing.md).
+TESTING_NAMES = {
+    "bandgate.consumers.testing": ("deliver", "make_message"),
+    "bandgate.testing": ("DeadLettered", "Harness", "Settlement"),
+}
 
 
 def python_names() -> list[tuple[str, Any]]:
     """(dotted name, object) of the Python API: `bandgate.__all__`, then the testing helpers."""
     import bandgate
-    from bandgate.consumers import testing
 
     names = [(f"bandgate.{name}", getattr(bandgate, name)) for name in sorted(bandgate.__all__)]
-    testing_module = "bandgate.consumers.testing"
-    return names + [(f"{testing_module}.{n}", getattr(testing, n)) for n in TESTING_NAMES]
+    for module_name, exported in TESTING_NAMES.items():
+        module = importlib.import_module(module_name)
+        names += [(f"{module_name}.{name}", getattr(module, name)) for name in exported]
+    return names
 
 
 def _doc(obj: Any) -> str:

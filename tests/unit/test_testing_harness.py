@@ -6,9 +6,11 @@ that hangs. tests/integration/test_harness_parity.py compares it with a real bro
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import inspect
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -223,3 +225,26 @@ async def test_drain_says_when_a_handler_hangs() -> None:
         await harness.publish("orders", "hang")
         with pytest.raises(TimeoutError, match="still busy"):
             await harness.drain(within=0.2)
+
+
+def test_the_example_worker_s_tests_use_only_the_harness() -> None:
+    """examples/test_worker.py (shown in docs/guides/testing.md, run by `pytest examples`):
+    the README's worker tested through the harness alone, one test per flow the guide names."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "test_worker.py"
+    tree = ast.parse(path.read_text())
+    imported = {
+        node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+    } | {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    assert {name for name in imported if name.startswith("bandgate")} == {
+        "bandgate.consumers",
+        "bandgate.testing",
+    }
+    assert not {name for name in imported if name.split(".")[0] in {"aio_pika", "aiormq"}}
+    tests = {node.name for node in tree.body if isinstance(node, ast.AsyncFunctionDef)}
+    for flow in ("hot_orders_run_before", "recount", "dead_lettered", "cancelled", "one_at_a_time"):
+        assert any(flow in name for name in tests), flow
