@@ -274,20 +274,19 @@ class Publisher:
         return _Outgoing(envelope, exchange, key, band, body, properties)
 
     def _route(self, envelope: Envelope) -> tuple[str, str, str]:
-        """(exchange, routing key, band name): the band now (its noisy lane when the tenant
-        is noisy: `core.fairness`), or the delay ladder (which ends in the band's queue)."""
-        band = self.topology.queue(envelope.queue).band_for(envelope.priority).name
+        """(exchange, routing key, band name): the band now, or through the delay ladder,
+        which ends in the band; in both, its noisy lane when the tenant is noisy
+        (`core.fairness`): a retry or a delayed message of a noisy tenant too."""
+        queue, priority = envelope.queue, envelope.priority
+        band = self.topology.queue(queue).band_for(priority).name
+        noisy = self.fairness.noisy(queue, band, envelope.tenant)
         delay_ms = envelope.delay_ms()
-        route = (
-            self._ladder.route(delay_ms, envelope.queue, envelope.priority) if delay_ms else None
-        )
+        route = self._ladder.route(delay_ms, queue, priority, noisy=noisy) if delay_ms else None
         if route is not None:
             return route.exchange, route.routing_key, band
-        if self.fairness.noisy(envelope.queue, band, envelope.tenant):
-            key = naming.noisy_routing_key(envelope.queue, envelope.priority)
-        else:
-            key = naming.routing_key(envelope.queue, envelope.priority)
-        return self.topology.exchange, key, band
+        if noisy:
+            return self.topology.exchange, naming.noisy_routing_key(queue, priority), band
+        return self.topology.exchange, naming.routing_key(queue, priority), band
 
     def _span(self, envelope: Envelope, band: str) -> AbstractContextManager[object]:
         if self.telemetry is None or not self.telemetry.tracing:

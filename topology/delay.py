@@ -49,8 +49,11 @@ class DelayLadder:
             )
         return units
 
-    def route(self, delay_ms: float, queue: str, priority: int) -> DelayRoute | None:
-        """The route for a message due in `delay_ms`, or None when it is due now."""
+    def route(
+        self, delay_ms: float, queue: str, priority: int, *, noisy: bool = False
+    ) -> DelayRoute | None:
+        """The route for a message due in `delay_ms`, or None when it is due now; `noisy`:
+        it ends in its band's noisy lane (a fair band's noisy tenant)."""
         units = self.units(delay_ms)
         if units == 0:
             return None
@@ -58,7 +61,7 @@ class DelayLadder:
         top_level = units.bit_length() - 1
         return DelayRoute(
             exchange=naming.delay_level(self.exchange, top_level),
-            routing_key=naming.delayed_routing_key(".".join(bits), queue, priority),
+            routing_key=naming.delayed_routing_key(".".join(bits), queue, priority, noisy=noisy),
             delay_ms=units * self.base_ms,
         )
 

@@ -47,8 +47,9 @@ def shard_queue(queue: str, band: str, shard: int) -> str:
     return f"{queue}.{band}.{shard}"
 
 
-# The first word of a routing key that sends a message of a fair band to its noisy lane; the
-# last two words stay `<queue>.<priority>`.
+# The last word of a routing key that sends a message of a fair band to its noisy lane, after
+# `<queue>.<priority>`: a key's last word is otherwise a priority digit, so neither a band's
+# binding (`<queue>.<priority>`) nor its delay exit (`#.<queue>.<priority>`) takes it.
 NOISY_LANE_WORD = "noisy"
 
 
@@ -60,7 +61,7 @@ def noisy_lane(queue: str, band: str) -> str:
 
 def noisy_routing_key(queue: str, priority: int) -> str:
     """Key a noisy tenant's message for `queue` at `priority` goes to its band's noisy lane with."""
-    return f"{NOISY_LANE_WORD}.{routing_key(queue, priority)}"
+    return f"{routing_key(queue, priority)}.{NOISY_LANE_WORD}"
 
 
 def shard_exchange(exchange: str, queue: str, band: str) -> str:
@@ -117,13 +118,17 @@ def delay_exit_exchange(exchange: str) -> str:
     return _internal(legacy_delay_exit_exchange(exchange))
 
 
-def delayed_routing_key(bits: str, queue: str, priority: int) -> str:
-    """Routing key of a delayed message: one word per delay level, then the normal key."""
-    return f"{bits}.{routing_key(queue, priority)}"
+def delayed_routing_key(bits: str, queue: str, priority: int, *, noisy: bool = False) -> str:
+    """Routing key of a delayed message: one word per delay level, then the normal key (the
+    noisy lane's, for a noisy tenant of a fair band)."""
+    key = noisy_routing_key(queue, priority) if noisy else routing_key(queue, priority)
+    return f"{bits}.{key}"
 
 
-def delay_exit_pattern(queue: str, priority: int) -> str:
-    return f"#.{routing_key(queue, priority)}"
+def delay_exit_pattern(queue: str, priority: int, *, noisy: bool = False) -> str:
+    """Where the delay ladder's exit sends a key to: the band (or its noisy lane)."""
+    key = noisy_routing_key(queue, priority) if noisy else routing_key(queue, priority)
+    return f"#.{key}"
 
 
 def _internal(name: str) -> str:

@@ -193,6 +193,8 @@ def plan(topology: Topology) -> Plan:
                 if band.fair:  # only a publish that found its tenant noisy routes here
                     noisy = naming.noisy_routing_key(spec.name, priority)
                     bindings.append(BindingDecl(exchange, band_queues[1], noisy))
+                    exit_noisy = naming.delay_exit_pattern(spec.name, priority, noisy=True)
+                    bindings.append(BindingDecl(exit_exchange, band_queues[1], exit_noisy))
         dlq = naming.dead_letter_queue(spec.name)
         queues.append(QueueDecl(dlq, _quorum()))
         bindings.append(BindingDecl(dead, dlq, spec.name))

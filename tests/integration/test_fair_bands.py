@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 
 import aio_pika
 import httpx
@@ -139,3 +140,55 @@ async def test_the_gateway_carries_the_tenant_and_refuses_a_bad_one(
         )
         assert refused.status_code == 422, (bad, refused.text)
         assert refused.json()["error"]["field"] == "tenant"
+
+
+async def test_a_noisy_tenants_delayed_message_waits_in_the_lane_not_in_the_band(
+    amqp_url: str, topology: Topology
+) -> None:
+    """A noisy tenant's delayed message (and so its retries, which go through the same
+    ladder) leaves the ladder into its band's noisy lane, once: the band's own queue, where
+    the quiet tenants wait, never sees it. A quiet tenant's delayed message ends in the band."""
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        await apply_topology(connection, topology)
+        publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
+        early = [cold(tenant, n) for n in range(3) for tenant in QUIET]
+        flood = [cold("flood", n) for n in range(MIN_COUNT * 2)]
+        for batch in (early, flood):
+            assert all(isinstance(r, Published) for r in await publisher.publish_many(batch))
+        band, lane = (
+            await depth(connection, "orders.cold"),
+            await depth(connection, "orders.cold.noisy"),
+        )
+        soon = wire.now() + timedelta(seconds=0.2)
+        later = [
+            Envelope("orders", {"tenant": "flood", "late": 1}, 1, tenant="flood", deliver_at=soon),
+            Envelope(
+                "orders", {"tenant": "quiet-0", "late": 1}, 1, tenant="quiet-0", deliver_at=soon
+            ),
+        ]
+        assert all(isinstance(r, Published) for r in await publisher.publish_many(later))
+        await publisher.channels.close()
+        deadline = asyncio.get_running_loop().time() + 15
+        while (
+            await depth(connection, "orders.cold"),
+            await depth(connection, "orders.cold.noisy"),
+        ) != (
+            band + 1,
+            lane + 1,
+        ):
+            assert asyncio.get_running_loop().time() < deadline, (
+                "a delayed message went astray",
+                band,
+                lane,
+                await depth(connection, "orders.cold"),
+                await depth(connection, "orders.cold.noisy"),
+            )
+            await asyncio.sleep(0.05)
+        channel = await connection.channel()
+        queue = await channel.declare_queue("orders.cold.noisy", passive=True)
+        tenants = []
+        while (message := await queue.get(timeout=5, fail=False)) is not None:
+            tenants.append(message.headers[wire.TENANT])
+            await message.ack()
+        assert set(tenants) == {"flood"}

@@ -115,11 +115,12 @@ def test_the_publisher_routes_a_noisy_tenants_message_to_the_lane() -> None:
     assert key("flood") == "orders.2"
     for _ in range(MIN_COUNT):
         key("flood")
-    assert key("flood") == naming.noisy_routing_key("orders", 2) == "noisy.orders.2"
+    assert key("flood") == naming.noisy_routing_key("orders", 2) == "orders.2.noisy"
     assert key("quiet") == "orders.2"
     assert key("flood", priority=8) == "orders.8"  # the hot band is not fair
-    assert key("flood", delay=1.0).endswith(".orders.2")  # the delay ladder ends in the band
-    assert not key("flood", delay=1.0).startswith("noisy.")
+    # The delay ladder ends in the lane too, and in the band for a quiet tenant.
+    assert key("flood", delay=1.0).endswith(".orders.2.noisy")
+    assert key("quiet", delay=1.0).endswith(".orders.2")
 
 
 def test_the_tenant_travels_in_its_header_and_follows_the_input_rules() -> None:
@@ -134,7 +135,7 @@ def test_the_tenant_travels_in_its_header_and_follows_the_input_rules() -> None:
     assert Envelope("orders", {}, 2).tenant is None
 
 
-def test_a_fair_band_is_its_queue_and_its_noisy_lane_bound_by_the_noisy_key() -> None:
+def test_a_fair_band_is_its_queue_and_its_noisy_lane_bound_by_the_noisy_keys() -> None:
     spec = FAIR.queue("orders")
     cold = spec.band("cold")
     assert spec.band_queues(cold) == ("orders.cold", "orders.cold.noisy")
@@ -144,9 +145,10 @@ def test_a_fair_band_is_its_queue_and_its_noisy_lane_bound_by_the_noisy_key() ->
     main = next(queue for queue in objects.queues if queue.name == "orders.cold")
     assert lane.arguments == main.arguments
     into_lane = {b for b in objects.bindings if b.destination == "orders.cold.noisy"}
+    exit_exchange = naming.delay_exit_exchange("bandgate")
     assert into_lane == {
-        BindingDecl("bandgate", "orders.cold.noisy", f"noisy.orders.{p}") for p in range(7)
-    }
+        BindingDecl("bandgate", "orders.cold.noisy", f"orders.{p}.noisy") for p in range(7)
+    } | {BindingDecl(exit_exchange, "orders.cold.noisy", f"#.orders.{p}.noisy") for p in range(7)}
 
 
 @pytest.mark.parametrize(
