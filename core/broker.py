@@ -16,7 +16,7 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from bandgate.core import cluster_connection
 from bandgate.core.protocol import compat
-from bandgate.core.publishing import BrokerUnavailable, ChannelSet, Publisher
+from bandgate.core.publishing import BrokerUnavailable, ChannelSet, PublishChannels, Publisher
 from bandgate.core.telemetry import Telemetry
 from bandgate.topology import naming
 from bandgate.topology.declare import TopologyConflictError, apply_topology, broker_version
@@ -62,7 +62,10 @@ class BrokerLink:
         management_url: str | None = None,
         telemetry: Telemetry | None = None,
         where: str | None = None,
+        channels: PublishChannels | None = None,
     ) -> None:
+        """`channels`: publish through these instead of confirm channels of the connection
+        (the in-memory broker of `bandgate.testing`)."""
         self.amqp_url = amqp_url
         # How errors name the broker: the URL without its password and the setting that chose it.
         self.where = where or redact(amqp_url)
@@ -74,7 +77,7 @@ class BrokerLink:
             ManagementClient(management_url, vhost_of(amqp_url)) if management_url else None
         )
         self.connection: AbstractRobustConnection | None = None
-        self.channels = ChannelSet(self._open_confirm_channel, channel_pool_size)
+        self.channels = channels or ChannelSet(self._open_confirm_channel, channel_pool_size)
         self.publisher = Publisher(topology, self.channels, confirm_timeout, telemetry)
         self.problem: str | None = "not connected yet"
         self._task: asyncio.Task[None] | None = None

@@ -63,17 +63,20 @@ def create_app(
     connect_wait: float = 5.0,
     telemetry: Telemetry | None = None,
     extensions: Sequence[Extension] = (),
+    link: BrokerLink | None = None,
 ) -> Starlette:
     """Build the gateway. Without arguments, settings come from `BANDGATE_*` (read now) and
-    the topology from the settings' file (read when the app starts)."""
+    the topology from the settings' file (read when the app starts). `link`: the broker link
+    to serve over (and its topology) instead of one to the settings' broker: the in-memory
+    harness's (`bandgate.testing.Harness.gateway_link`)."""
     resolved = settings or GatewaySettings()
     metrics = telemetry or Telemetry(resolved.connection_name)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         log_lines.install()  # client text in any log line of this process stays on its line
-        model = topology or resolved.load_topology()
-        link = BrokerLink(
+        model = topology or (link.topology if link else resolved.load_topology())
+        serving = link or BrokerLink(
             resolved.amqp_url,
             model,
             connection_name=resolved.connection_name,
@@ -86,7 +89,7 @@ def create_app(
         )
         app.state.settings = resolved
         app.state.topology = model
-        app.state.link = link
+        app.state.link = serving
         app.state.telemetry = metrics
         app.state.authenticator = authenticator
         per_token = resolved.max_dlq_operations_per_token
@@ -103,7 +106,7 @@ def create_app(
             "tombstones",
         )
         app.state.extensions = tuple(extensions)
-        await link.start(wait=connect_wait)
+        await serving.start(wait=connect_wait)
         for extension in extensions:
             await extension.start(app.state)
         freeze_startup_heap()
@@ -113,7 +116,7 @@ def create_app(
             await finish_dead_letter_work(app.state)
             for extension in extensions:
                 await extension.close()
-            await link.close()
+            await serving.close()
             if telemetry is None:
                 metrics.shutdown()
 

@@ -15,8 +15,9 @@ on a `Clock` the test moves; `bandgate.testing.pytest_plugin` gives pytest the
 
 Its floor: above `bandgate.consumers` and `bandgate.core` (and `bandgate.topology`), which it
 drives through their public interfaces only (tests/unit/test_consumer_interface.py checks the
-worker library's); nothing below imports it. It does not serve the gateway app: HTTP answers
-are the gateway's own tests' business, and the gateway connects its own broker link.
+worker library's); nothing below imports it. It does not import the gateway either: the
+gateway app takes the harness's broker link (`create_app(link=harness.gateway_link())`), a
+`BrokerLink` of the core, so a test serves the HTTP API into the harness.
 """
 
 from bandgate.testing.harness import DeadLettered, Harness, Settlement

@@ -63,6 +63,7 @@ from bandgate.testing.memory_broker import (
     MemoryBroker,
     MemoryChannels,
     MemoryConnection,
+    MemoryLink,
 )
 from bandgate.topology import naming, wire
 from bandgate.topology.model import Topology
@@ -134,6 +135,7 @@ class Harness:
             channels=MemoryChannels(self.broker),
         )
         self._ledger: LedgerFollower | None = None
+        self._link: MemoryLink | None = None
         self._runners: list[ConsumerRunner] = []
         self._loops: set[asyncio.Task[None]] = set()
 
@@ -221,6 +223,14 @@ class Harness:
     async def _followed(self) -> None:
         """Until the ledger's new entries reached the follower."""
         await self.broker.delivered()
+
+    def gateway_link(self) -> MemoryLink:
+        """A broker link into this harness for the gateway app: `create_app(settings,
+        link=harness.gateway_link())`, then a Starlette `TestClient` (or an httpx client)
+        publishes, cancels and replaces over HTTP, with the gateway's own answers."""
+        if self._link is None:
+            self._link = MemoryLink(self.broker)
+        return self._link
 
     # -- time -----------------------------------------------------------------------------
 

@@ -41,12 +41,14 @@ import logging
 import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import aiormq
+from aio_pika.abc import AbstractRobustConnection
 from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic, Queue
 
+from bandgate.core.broker import BrokerLink
 from bandgate.core.protocol.acks import AckWriter, Unsettled
 from bandgate.core.protocol.confirms import Confirmation
 from bandgate.core.publishing import PublishPipeline
@@ -159,6 +161,7 @@ class MemoryBroker:
         self._tags = itertools.count(1)
         self._pumping: asyncio.Task[None] | None = None
         self._again = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- publishing and routing ----------------------------------------------------------
 
@@ -333,11 +336,18 @@ class MemoryBroker:
     # -- delivering -----------------------------------------------------------------------
 
     def wake(self) -> None:
-        """Deliver what can be delivered, in a task of its own (as the broker pushes)."""
+        """Deliver what can be delivered, in a task of its own (as the broker pushes), on the
+        event loop the broker first ran on: a Starlette `TestClient` publishes from a thread
+        and loop of its own, while the worker's runners live on the test's."""
+        loop = asyncio.get_running_loop()
+        home = self._loop = self._loop or loop
+        if home is not loop:
+            home.call_soon_threadsafe(self.wake)
+            return
         if self._pumping is not None:
             self._again = True
             return
-        self._pumping = asyncio.get_running_loop().create_task(self._pump())
+        self._pumping = loop.create_task(self._pump())
 
     async def delivered(self) -> None:
         """Until everything deliverable now was delivered."""
@@ -579,6 +589,45 @@ class MemoryChannels:
 
     async def get(self) -> PublishPipeline:
         return self._pipeline
+
+    async def close(self) -> None:
+        return None
+
+
+class MemoryLink(BrokerLink):
+    """The gateway's broker link over the in-memory broker: `create_app(link=...)` serves
+    the HTTP API into it (publish, batch, cancel, replace, escalate, `/healthz`, `/readyz`).
+    Always connected; what the gateway reads through a real connection (`/stats`, the DLQ
+    routes, the console's sampler) it does not serve."""
+
+    def __init__(self, broker: MemoryBroker) -> None:
+        super().__init__(
+            "amqp://in-memory/",
+            broker.topology,
+            declare_topology=False,
+            where="the in-memory broker of bandgate.testing",
+            channels=MemoryChannels(broker),
+        )
+        self.connection = cast(AbstractRobustConnection, MemoryConnection(broker))
+        self.problem = None
+
+    @property
+    def connected(self) -> bool:
+        return True
+
+    @property
+    def blocked(self) -> bool:
+        return False
+
+    @property
+    def version(self) -> str:
+        return "in-memory"
+
+    async def start(self, wait: float = 0.0) -> None:
+        return None
+
+    async def check_ready(self) -> str | None:
+        return None
 
     async def close(self) -> None:
         return None

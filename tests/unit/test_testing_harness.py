@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import inspect
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ import pytest
 from bandgate.consumers import Ack, ConsumerApp, Message, Requeue, Tombstoned
 from bandgate.core.publish_outcomes import UnknownQueue
 from bandgate.core.publishing import Publisher
+from bandgate.gateway.app import create_app
+from bandgate.gateway.settings import GatewaySettings
 from bandgate.testing import Harness, MemoryBroker
 from bandgate.testing.memory_broker import (
     MemoryAcks,
@@ -248,3 +251,28 @@ def test_the_example_worker_s_tests_use_only_the_harness() -> None:
     tests = {node.name for node in tree.body if isinstance(node, ast.AsyncFunctionDef)}
     for flow in ("hot_orders_run_before", "recount", "dead_lettered", "cancelled", "one_at_a_time"):
         assert any(flow in name for name in tests), flow
+
+
+async def test_the_gateway_app_serves_its_http_api_into_the_harness() -> None:
+    """Through Starlette's `TestClient`, which runs the app on a thread and loop of its own."""
+    with warnings.catch_warnings():  # this starlette asks for httpx2, which is not installed
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+    app, seen = app_of()
+    async with Harness(app) as harness:
+        gateway = create_app(GatewaySettings(auth_enabled=False), link=harness.gateway_link())
+        with TestClient(gateway) as client:
+            sent = client.post(
+                "/v1/queues/orders/messages", json={"payload": "now", "priority": "high"}
+            )
+            assert (sent.status_code, sent.json()["band"]) == (201, "hot")
+            later = {"payload": "later", "delay_seconds": 5, "message_id": "c"}
+            assert client.post("/v1/queues/orders/messages", json=later).status_code == 201
+            assert client.delete("/v1/queues/orders/messages/c").status_code == 202
+            unknown = client.post("/v1/queues/nowhere/messages", json={"payload": 1})
+            assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "unknown_queue")
+            assert client.post("/v1/queues/orders/messages", json={}).status_code == 422
+            assert client.get("/readyz").status_code == 200
+        await harness.join()
+    assert [msg.payload for msg in seen] == ["now"]
+    assert harness.outcomes("c") == [Tombstoned("cancelled")]
