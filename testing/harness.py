@@ -121,11 +121,10 @@ class Harness:
         topology: Topology | None = None,
         concurrency: int | None = None,
     ) -> None:
-        self.app = app
-        self.topology = topology or app.topology
-        self.concurrency = concurrency or app.settings.concurrency
         self.clock = Clock()
+        self.topology = topology or app.topology
         self.broker = MemoryBroker(self.topology, self.clock)
+        self.app, self.concurrency = app, concurrency or app.settings.concurrency
         self.settled: list[Settlement] = []  # in the order the runners settled them
         self._connection = MemoryConnection(self.broker)
         self._publisher = Publisher(self.topology, MemoryChannels(self.broker))

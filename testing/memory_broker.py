@@ -387,12 +387,9 @@ class MemoryBroker:
                     yield consumer, stored, tag
 
     def _delivered(self, consumer: _Consumer, stored: Stored, tag: int) -> DeliveredMessage:
+        # consumer tag, delivery tag, redelivered, exchange, routing key
         deliver = Basic.Deliver(
-            consumer_tag=consumer.tag,
-            delivery_tag=tag,
-            redelivered=stored.redelivered,
-            exchange=stored.exchange,
-            routing_key=stored.routing_key,
+            consumer.tag, tag, stored.redelivered, stored.exchange, stored.routing_key
         )
         header: Any = _Header(_copied(stored.properties))  # what readers take of pamqp's
         channel: Any = consumer.channel

@@ -27,25 +27,9 @@ from bandgate.core.dead_letter_records import read_dead_letter
 from bandgate.core.producer import Producer
 from bandgate.testing import Harness
 from bandgate.topology import naming, wire
-from bandgate.topology.loader import parse_topology
+from tests.integration.test_consumer_retries import TOPOLOGY  # back-off 0.2 s, then 0.4 s
 
 pytestmark = pytest.mark.integration
-
-TOPOLOGY = parse_topology(
-    {
-        "delay": {"base_ms": 50, "levels": 8},
-        "queues": {
-            "orders": {
-                "retry": {
-                    "max_attempts": 3,
-                    "backoff_initial_seconds": 0.2,
-                    "backoff_multiplier": 1.0,
-                    "jitter": 0,
-                }
-            }
-        },
-    }
-)
 
 Event = tuple[str, str, int]  # ("start" | "end", id, attempt)
 DeadRow = tuple[str, str | None, str | None, int | None]  # id, cause, reason, attempts
@@ -92,16 +76,23 @@ class Side(Protocol):
 
 
 @dataclass
-class InMemory:
-    harness: Harness
+class Sending:
+    """A scenario's publishes and cancels, with either sender."""
+
+    sender: Harness | Producer  # the same publish and cancel
     seen: list[Event]
 
     async def publish(self, name: str, **options: Any) -> None:
         payload = {"id": name, **options.pop("payload", {})}
-        await self.harness.publish("orders", payload, **options)
+        await self.sender.publish("orders", payload, **options)
 
     async def cancel(self, message_id: str) -> None:
-        await self.harness.cancel("orders", message_id)
+        await self.sender.cancel("orders", message_id)
+
+
+@dataclass
+class InMemory(Sending):
+    harness: Harness = field(kw_only=True)
 
     async def start(self) -> None:
         await self.harness.start_worker()
@@ -117,19 +108,10 @@ class InMemory:
 
 
 @dataclass
-class OnBroker:
-    amqp_url: str
-    app: ConsumerApp
-    producer: Producer
-    seen: list[Event]
+class OnBroker(Sending):
+    amqp_url: str = field(kw_only=True)
+    app: ConsumerApp = field(kw_only=True)
     tasks: list[tuple[Worker, asyncio.Task[None]]] = field(default_factory=list)
-
-    async def publish(self, name: str, **options: Any) -> None:
-        payload = {"id": name, **options.pop("payload", {})}
-        await self.producer.publish("orders", payload, **options)
-
-    async def cancel(self, message_id: str) -> None:
-        await self.producer.cancel("orders", message_id)
 
     async def start(self) -> None:
         worker = Worker(self.app)
@@ -178,7 +160,7 @@ class OnBroker:
 async def in_memory(concurrency: int) -> AsyncIterator[Side]:
     seen: list[Event] = []
     async with Harness(make_app(None, seen, concurrency)) as harness:
-        yield InMemory(harness, seen)
+        yield InMemory(harness, seen, harness=harness)
 
 
 @asynccontextmanager
@@ -187,7 +169,7 @@ async def on_broker(amqp_url: str, concurrency: int) -> AsyncIterator[Side]:
     app = make_app(WorkerSettings(amqp_url=amqp_url), seen, concurrency)
     connecting = Producer.connect(amqp_url, topology=TOPOLOGY, declare_topology=True)
     async with connecting as producer:
-        side = OnBroker(amqp_url, app, producer, seen)
+        side = OnBroker(producer, seen, amqp_url=amqp_url, app=app)
         try:
             yield side
         finally:

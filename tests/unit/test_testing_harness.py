@@ -276,3 +276,36 @@ async def test_the_gateway_app_serves_its_http_api_into_the_harness() -> None:
         await harness.join()
     assert [msg.payload for msg in seen] == ["now"]
     assert harness.outcomes("c") == [Tombstoned("cancelled")]
+
+
+ORDERED = parse_topology(
+    {
+        "delay": {"base_ms": 50, "levels": 12},
+        "queues": {
+            "orders": {
+                "ordered": True,
+                "retry": {"max_attempts": 2, "backoff_initial_seconds": 0.05, "jitter": 0},
+            }
+        },
+    }
+)
+
+
+async def test_an_ordered_queue_retries_in_place_and_holds_the_key_meanwhile() -> None:
+    """Its back-off is the worker's own wait, in real time: the key's next message waits."""
+    app = ConsumerApp(topology=ORDERED)
+    runs: list[tuple[str, int]] = []
+
+    @app.consumer("orders", concurrency=4)
+    async def handle(msg: Message) -> None:
+        runs.append((msg.payload, msg.attempt))
+        if msg.payload == "bad":
+            raise ValueError("no")
+
+    async with Harness(app) as harness:
+        for payload in ("bad", "next"):
+            await harness.publish("orders", payload, partition_key="k", message_id=payload)
+        await harness.drain()
+    assert runs == [("bad", 1), ("bad", 2), ("next", 1)]
+    [dead] = harness.dead_letters("orders")
+    assert (dead.message_id, dead.cause) == ("bad", "max-attempts")
