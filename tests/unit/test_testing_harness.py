@@ -309,3 +309,16 @@ async def test_an_ordered_queue_retries_in_place_and_holds_the_key_meanwhile() -
     assert runs == [("bad", 1), ("bad", 2), ("next", 1)]
     [dead] = harness.dead_letters("orders")
     assert (dead.message_id, dead.cause) == ("bad", "max-attempts")
+
+
+async def test_a_sync_handler_runs_in_the_worker_s_threads() -> None:
+    """The example's e-mails: a plain function on a weighted queue, its cold band classic."""
+    from examples import worker
+
+    async with Harness(worker.app) as harness:
+        await harness.publish("emails", {"to": "a@example.com"}, priority=1)
+        await harness.publish("emails", {"subject": "no recipient"}, priority=8)
+        await harness.drain()
+    assert sorted(type(s.outcome).__name__ for s in harness.settled) == ["Ack", "DeadLetter"]
+    [dead] = harness.dead_letters("emails")
+    assert dead.reason == "Reject: an e-mail needs a recipient"
