@@ -180,6 +180,7 @@ class Harness:
         if self._ledger is not None:
             await self._ledger.close()
         await self.producer.close()
+        await self.broker.close()
 
     async def __aenter__(self) -> Harness:
         await self.start()

@@ -349,6 +349,13 @@ class MemoryBroker:
             return
         self._pumping = loop.create_task(self._pump())
 
+    async def close(self) -> None:
+        """Stop delivering (what a pump was handing out is dropped with it)."""
+        pumping, self._pumping = self._pumping, None
+        if pumping is not None:
+            pumping.cancel()
+            await asyncio.gather(pumping, return_exceptions=True)
+
     async def delivered(self) -> None:
         """Until everything deliverable now was delivered."""
         while (pumping := self._pumping) is not None:
