@@ -206,11 +206,12 @@ async def retries(side: Side) -> Story:
 
 
 async def cancel(side: Side) -> Story:
-    """A delayed message cancelled before it is due never runs; the one beside it does."""
+    """A delayed message cancelled before it is due never runs; the one beside it does (2 s
+    leaves the worker time to read the tombstone on a loaded machine)."""
     await side.start()
-    await side.publish("gone", delay=1.0, message_id="gone")
+    await side.publish("gone", delay=2.0, message_id="gone")
     await side.cancel("gone")
-    await side.publish("kept", delay=1.0, message_id="kept")
+    await side.publish("kept", delay=2.0, message_id="kept")
     await side.settle(ends=1, dead=0)
     return {"ran": [name for event, name, _ in side.seen if event == "start"]}
 
