@@ -1,7 +1,8 @@
 """The in-memory harness (`bandgate.testing`) cannot drift from the product: the same scenarios
 run through the harness and through a worker and a producer on a real broker, and what the
-product guarantees comes out the same: the order of handling (bands, and a key's messages),
-the attempts, the dead letters with their reasons, a cancel.
+product guarantees comes out the same: the order of handling (bands, a key's messages,
+delays in the order they come due), the attempts, the dead letters with their reasons, a
+cancel, a replace and an escalate.
 
 Not compared: what the product leaves to timing or to the broker's version (the order inside a
 band of messages of different priorities, which RabbitMQ 4.x orders and 3.x does not; how
@@ -65,6 +66,8 @@ class Side(Protocol):
 
     async def cancel(self, message_id: str) -> None: ...
 
+    async def replace(self, name: str, message_id: str, **options: Any) -> None: ...
+
     async def start(self) -> None:
         """Start the worker: what was published before is its backlog."""
 
@@ -88,6 +91,9 @@ class Sending:
 
     async def cancel(self, message_id: str) -> None:
         await self.sender.cancel("orders", message_id)
+
+    async def replace(self, name: str, message_id: str, **options: Any) -> None:
+        await self.sender.replace("orders", message_id, {"id": name}, **options)
 
 
 @dataclass
@@ -216,6 +222,29 @@ async def cancel(side: Side) -> Story:
     return {"ran": [name for event, name, _ in side.seen if event == "start"]}
 
 
+async def replace(side: Side) -> Story:
+    """A replace runs the new generation at its new time, and an escalate moves a message
+    to the hot band at once; the copies they replaced never run."""
+    await side.start()
+    await side.publish("m-v1", delay=2.0, message_id="m", priority=1)
+    await side.publish("n-v1", delay=2.0, message_id="n", priority=1)
+    await side.replace("m-v2", "m", delay=0.5, priority=1)
+    await side.replace("n-v2", "n", priority=9)  # an escalate
+    await side.settle(ends=2, dead=0)
+    await side.settle(ends=2, dead=0)  # a second more: the old generations came due meanwhile
+    return {"ran": [name for event, name, _ in side.seen if event == "start"]}
+
+
+async def delays(side: Side) -> Story:
+    """Delayed messages run in the order they are due, after the one due now."""
+    await side.start()
+    await side.publish("late", delay=2.0)
+    await side.publish("soon", delay=0.8)
+    await side.publish("now")
+    await side.settle(ends=3, dead=0)
+    return {"ran": [name for event, name, _ in side.seen if event == "start"]}
+
+
 async def per_key(side: Side) -> Story:
     """Two keys' messages, four slots: each key's run one at a time, in publish order."""
     for index in range(6):
@@ -248,6 +277,8 @@ SCENARIOS: dict[str, tuple[Scenario, int, Story]] = {
         },
     ),
     "cancel": (cancel, 4, {"ran": ["kept"]}),
+    "replace": (replace, 4, {"ran": ["n-v2", "m-v2"]}),
+    "delays": (delays, 4, {"ran": ["now", "soon", "late"]}),
     "per_key": (
         per_key,
         4,
