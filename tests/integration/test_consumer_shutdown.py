@@ -7,6 +7,7 @@ import asyncio
 
 import aio_pika
 import pytest
+from aio_pika.abc import AbstractConnection
 
 from bandgate.consumers import ConsumerApp, Message
 from bandgate.consumers.settings import WorkerSettings
@@ -26,11 +27,7 @@ async def test_a_handler_past_the_grace_period_is_cancelled_and_its_message_retu
 ) -> None:
     connection = await aio_pika.connect(amqp_url)
     async with connection:
-        await apply_topology(connection, topology)
-        publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
-        envelopes = [Envelope(queue="orders", payload=n, priority=8) for n in range(3)]
-        assert all(isinstance(r, Published) for r in await publisher.publish_many(envelopes))
-        await publisher.channels.close()
+        await _three_hot_orders(connection, topology)
 
         settings = WorkerSettings(amqp_url=amqp_url, shutdown_grace_seconds=0.2)
         app = ConsumerApp(settings, topology=topology)
@@ -72,11 +69,7 @@ async def test_graceful_restarts_do_not_wear_a_held_message_out(amqp_url: str) -
     )
     connection = await aio_pika.connect(amqp_url)
     async with connection:
-        await apply_topology(connection, topology)
-        publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
-        envelopes = [Envelope(queue="orders", payload=n, priority=8) for n in range(3)]
-        assert all(isinstance(r, Published) for r in await publisher.publish_many(envelopes))
-        await publisher.channels.close()
+        await _three_hot_orders(connection, topology)
         settings = WorkerSettings(amqp_url=amqp_url, shutdown_grace_seconds=0.2)
 
         for _ in range(3):
@@ -118,3 +111,12 @@ async def _stop_while_holding(settings: WorkerSettings, topology: Topology) -> N
     await asyncio.wait_for(running.wait(), 30)
     worker.stop()
     await asyncio.wait_for(task, 10)
+
+
+async def _three_hot_orders(connection: AbstractConnection, topology: Topology) -> None:
+    """Apply the topology and publish three hot messages to `orders`, confirmed."""
+    await apply_topology(connection, topology)
+    publisher = Publisher(topology, ChannelSet(confirm_channel_factory(connection)))
+    envelopes = [Envelope(queue="orders", payload=n, priority=8) for n in range(3)]
+    assert all(isinstance(r, Published) for r in await publisher.publish_many(envelopes))
+    await publisher.channels.close()
