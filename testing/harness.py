@@ -160,8 +160,10 @@ class Harness:
         timings = Timings.of(self.app.settings)
         hooks = _Recorder(self.settled)
         self._runners = [
+            # hand_back: the in-memory broker counts every return, as RabbitMQ before 4.3
+            # does, so the worker gives back uncounted copies at a stop (bandgate.consumers.worker).
             ConsumerRunner(consumer, connection, settler, concurrency=self.concurrency,
-                           timings=timings, tombstones=tombstones, hooks=hooks)
+                           timings=timings, tombstones=tombstones, hooks=hooks, hand_back=True)
             for consumer in self.app.consumers
         ]  # fmt: skip
         await asyncio.gather(*(runner.open() for runner in self._runners))
