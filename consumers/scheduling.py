@@ -177,16 +177,39 @@ starts of the band while both have work (`BandBuffer`), so the noisy tenant is n
 it gets at least 1 in `LANE_EVERY` of the band's starts however busy the quiet tenants keep it.
 One band for the waterfall: the lane ranks with its band.
 
-Nearly work-conserving: a slot never waits while either queue has a message at hand, except
-for `LANE_KEEPS` slot. With every slot taken by the flood, a quiet message waits for a slot to
-end: with ends at rate `mu` (`C / d`) and quiet arrivals at `lambda`, a queue of its own,
-`P(wait > t) = rho e^(-(mu - lambda) t)`. So with `C >= LANE_KEEPS_FROM` the lane leaves the
-last free slot to the band's own queue while that had an arrival in the last `IDLE_AFTER`
-seconds (and it is not the lane's turn): the first quiet message of a burst starts at once.
-The cost is that slot idling while no quiet message comes, at most `1 / C` of the band's drain
-(6 % at 16; 2-5 % in tests/unit/test_fairness.py's simulation, where it cuts the quiet
-tenants' median wait under a flood by 15-80 % and barely moves their p99, which stays within
-2 times their p99 without a flood; more kept slots bought little).
+Not work-conserving while quiet tenants publish: the band's own queue keeps a pool of slots
+from the lane (`QuietPool`). With every slot the quiet tenants leave taken by the flood, a
+quiet message waits for a slot to end, and with handlers of about the same length the flood's
+slots end in the clusters they started in (each end starts the next flood message at once), so
+a quiet message arriving between two clusters waits up to a handler's time: one kept slot (the
+previous design) covers the first message of such a gap, not the next ones. Measured on one
+worker (`python -m bench tenants`, 20 ms handlers, quiet tenants on 60 % of the 16 slots), the
+quiet messages waited in the worker's buffer 4 ms at the median and 20 ms at the 99th
+percentile under the flood, against 0.3 and 6 ms without it, and 2-4 kept slots changed the
+99th percentile by nothing.
+
+So the pool follows the quiet tenants' load: `a` the slots the band's own messages held on
+average over the last `AVERAGE_SECONDS` (since their first arrival after an idle spell, none
+running and none arriving for `IDLE_AFTER`, when that is later: an idle spell says nothing of
+the load that comes), the pool is
+`ceil(a + LANE_SPREAD sqrt(a))` slots (`LANE_SPREAD` = 0: their mean load, rounded up), and the
+lane starts only while the pool's slots the band's own messages do not hold now, and
+`LANE_KEEPS` at the least, stay free after it (with the headroom's reserve for hotter bands on
+top). That holds with `C >= LANE_KEEPS_FROM` slots, while the band's own queue had an arrival
+in the last `IDLE_AFTER` seconds, and unless it is the lane's turn, so the lane keeps its 1 in
+`LANE_EVERY` and every slot once the quiet tenants stop. Where the slots are takers that come
+and go (HTTP receivers: the leases and the receives waiting), the pool's free slots are
+receives left waiting.
+
+The cost is the pool's free slots, idle while the flood waits: taken from the noisy tenant
+only, during the flood, and zero when nobody is noisy (an empty lane asks for nothing). In
+tests/unit/test_fairness.py's simulation (handlers of 50 ms on average, exponential; quiet
+tenants on 30 % and 54 % of the slots) the band starts 12 % and 6 % fewer messages than with a
+lane that keeps nothing, while the flood lasts; with a margin of `0.5 sqrt(a)`, 19 % and 9 %.
+In the benchmark on RabbitMQ 3.10.8, one round each (quiet p99 under the flood over calm, then
+the band's total drain fair over fairness off): spread 0, 1.22 and 0.96; 0.5, 1.46 and 0.95;
+1.0, 1.03 and 0.93; the one kept slot, 2.4-3.0 and 0.98 (single rounds vary by tens of
+percent; docs/guides/tenants.md has four rounds).
 
 Fair bands are refused on ordered queues (a tenant moving to the lane would reorder its keys),
 so per-key order is not at stake.
@@ -235,10 +258,15 @@ IDLE_AFTER = 0.5  # default seconds without a hotter arrival before cold work fi
 # ten, however busy the quiet tenants are.
 LANE_EVERY = 10
 LANE = 1  # a fair band's noisy lane: its second queue
-# With this many slots or more, the lane leaves the last free slot to the band's own queue
-# while that had an arrival lately: 1 slot of 16 (6 %) kept from the flood.
+# With this many slots or more, the lane leaves free slots to the band's own queue while that
+# had an arrival lately ("Noisy lane"): at least `LANE_KEEPS`, and as many as the band's own
+# queue's recent load asks for (`QuietPool`).
 LANE_KEEPS_FROM = 8
-LANE_KEEPS = 1  # slots the lane leaves free for the band's own queue
+LANE_KEEPS = 1  # slots the lane leaves free for the band's own queue, at the least
+# The band's own queue keeps `ceil(a + LANE_SPREAD * sqrt(a))` slots from the lane, `a` the
+# slots its messages held on average lately (`QuietPool`): its mean load, no margin. A margin
+# (square-root staffing) bought little in the benchmark and cost the noisy tenant more.
+LANE_SPREAD = 0.0
 
 
 def floor(slots: int) -> int:
@@ -327,10 +355,14 @@ class Headroom:
         self._advance()
         return self._hotter_load / self._measured if self._measured > 0 else 0.0
 
-    def admits(self, running: int, cold_running: int) -> bool:
+    def slots(self, running: int) -> int:
+        """The slots with `running` busy: the concurrency, or those and the takers waiting."""
+        return self.concurrency if self._waiting is None else running + self._waiting
+
+    def admits(self, running: int, cold_running: int, slots: int | None = None) -> bool:
         """Whether a free slot may start a cold message, with `running` slots busy of which
-        `cold_running` run cold ones."""
-        slots = self.concurrency if self._waiting is None else running + self._waiting
+        `cold_running` run cold ones (`slots`: of that many, default `slots(running)`)."""
+        slots = self.slots(running) if slots is None else slots
         return cold_running < floor(slots) or running + self.reserve(slots) < slots
 
     def reserve(self, slots: int | None = None) -> int:
@@ -367,6 +399,60 @@ class Headroom:
         self._hotter_starts *= weight
         self._all_starts *= weight
         self._hotter_load = self._hotter_load * weight + self._hotter_held * (1.0 - weight)
+        self._measured = self._measured * weight + (1.0 - weight)
+        self._since = now
+
+
+class QuietPool:
+    """The slots a fair band's own queue keeps from its noisy lane ("Noisy lane"): a pool of
+    `a + LANE_SPREAD * sqrt(a)` slots, `a` the slots the band's own messages held on average
+    over the last `AVERAGE_SECONDS` (their offered load), of which the lane leaves free those
+    they do not hold now, and `LANE_KEEPS` at the least."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._held = 0  # slots the band's own messages hold now
+        self._load = 0.0  # their time-decayed integral, over that of the time
+        self._measured = 0.0
+        self._since = clock()
+
+    @property
+    def idle(self) -> bool:
+        """No message of the band's own queue runs."""
+        return not self._held
+
+    def restart(self) -> None:
+        """The band's own queue is busy again after an idle spell: its load is measured
+        afresh, from now (the idle spell says nothing of the load that comes)."""
+        self._advance()
+        self._load = self._measured = 0.0
+
+    def started(self) -> None:
+        self._advance()
+        self._held += 1
+
+    def ended(self) -> None:
+        self._advance()
+        self._held = max(0, self._held - 1)
+
+    def load(self) -> float:
+        """The slots the band's own messages held lately, on average."""
+        self._advance()
+        return self._load / self._measured if self._measured > 0 else 0.0
+
+    def size(self) -> int:
+        """The pool: the slots the band's own queue keeps from the lane, held or free."""
+        load = self.load()
+        return math.ceil(load + LANE_SPREAD * math.sqrt(load))
+
+    def kept(self) -> int:
+        """The free slots the lane leaves to the band's own queue now."""
+        return max(LANE_KEEPS, self.size() - self._held)
+
+    def _advance(self) -> None:
+        now = self._clock()
+        weight = math.exp(-max(0.0, now - self._since) / AVERAGE_SECONDS)
+        self._load = self._load * weight + self._held * (1.0 - weight)
         self._measured = self._measured * weight + (1.0 - weight)
         self._since = now
 
@@ -428,6 +514,10 @@ class BandBuffer(Generic[T]):
     @property
     def fair(self) -> bool:
         return bool(self._lane_every)
+
+    def source(self, item: T) -> int:
+        """The index of the queue (shard, or lane) `item` came from."""
+        return self._source(item)
 
     def head(self, busy: Container[str]) -> tuple[int, int] | None:
         """Where the item to start next is, (shard, position), or None when no item's key is
@@ -669,6 +759,8 @@ class Dispatcher(Generic[T]):
         self._dry_since: list[float | None] = [None] * bands  # backlog buffer ran dry at
         self._asked = [False] * bands  # in questions in this dry spell
         self._own_arrival = [float("-inf")] * bands  # fair bands: last from the band's queue
+        # Fair bands: the slots the band's own queue keeps from the lane.
+        self._pools = [QuietPool(clock) if buffer.fair else None for buffer in self._buffers]
         # Bands a free slot waits for the refill of: has the broker any more of them?
         self.questions: asyncio.Queue[int] = asyncio.Queue()
         self._changed = asyncio.Event()
@@ -692,7 +784,11 @@ class Dispatcher(Generic[T]):
         if buffer:
             self._backlog[band] = True
         if buffer.append(item) == 0 and buffer.fair:
-            self._own_arrival[band] = self._clock()
+            now = self._clock()
+            pool = self._pools[band]
+            if pool is not None and pool.idle and now - self._own_arrival[band] >= IDLE_AFTER:
+                pool.restart()
+            self._own_arrival[band] = now
         self._dry_since[band] = None
         self._changed.set()
 
@@ -712,6 +808,9 @@ class Dispatcher(Generic[T]):
         self._hotter_running -= int(band < self._coldest)
         if self.headroom is not None:
             self.headroom.ended(hotter=band < self._coldest)
+        pool = self._pools[band]
+        if pool is not None and self._buffers[band].source(item) != LANE:
+            pool.ended()
         key = self._key(item)
         if key is not None:
             self._busy_keys[band].discard(key)
@@ -762,14 +861,22 @@ class Dispatcher(Generic[T]):
         if not buffer and self._backlog[band] and self.refill_wait > 0:
             self._dry_since[band] = self._clock()
             self._asked[band] = False
-        self._running += 1
-        self._hotter_running += int(band < self._coldest)
-        if self.headroom is not None:
-            self.headroom.started(hotter=band < self._coldest)
+        self._started(band, lane=head[0] == LANE)
         key = self._key(item)
         if key is not None:
             self._busy_keys[band].add(key)
         return band, item
+
+    def _started(self, band: int, lane: bool) -> None:
+        """Count a start of `band` (from its noisy lane with `lane`) in the slots, the
+        headroom and the band's quiet pool."""
+        self._running += 1
+        self._hotter_running += int(band < self._coldest)
+        if self.headroom is not None:
+            self.headroom.started(hotter=band < self._coldest)
+        pool = self._pools[band]
+        if pool is not None and not lane:
+            pool.started()
 
     async def take(self) -> tuple[int, T]:
         """Wait for a free slot and a message at hand; `DispatcherClosed` once closed."""
@@ -824,20 +931,25 @@ class Dispatcher(Generic[T]):
         return head is not None and head[0] == LANE and self._slot_kept_from_lane(band)
 
     def _slot_kept_from_lane(self, band: int) -> bool:
-        """Whether the last free slot stays free for the fair band's own queue ("Noisy lane"):
+        """Whether the free slots left stay free for the fair band's own queue ("Noisy lane"):
         with `LANE_KEEPS_FROM` slots or more, while it had an arrival in the last
-        `IDLE_AFTER` seconds, and unless it is the lane's turn."""
+        `IDLE_AFTER` seconds, and unless it is the lane's turn. The lane starts only while
+        the pool's free slots (`QuietPool.kept`) stay free after it, and the headroom's."""
+        headroom = self.headroom if band == self._coldest else None
+        slots = self.concurrency if headroom is None else headroom.slots(self._running)
+        pool = self._pools[band]
         if (
-            self.concurrency < LANE_KEEPS_FROM
+            pool is None
+            or slots < LANE_KEEPS_FROM
             or self._clock() - self._own_arrival[band] >= IDLE_AFTER
             or self._buffers[band].lanes_turn
         ):
             return False
-        running = self._running + LANE_KEEPS  # would LANE_KEEPS stay free after it?
-        if band == self._coldest and self.headroom is not None:
+        running = self._running + pool.kept()  # would they stay free after it?
+        if headroom is not None:
             cold = running - self._hotter_running
-            return not self.headroom.admits(running, cold)
-        return running >= self.concurrency
+            return not headroom.admits(running, cold, slots)
+        return running >= slots
 
     def _next_refill_deadline(self) -> float | None:
         """Seconds until a refill wait runs out, the headroom's reserve drops to 0, or a fair
@@ -1008,6 +1120,7 @@ class RefillProbe:
 __all__ = [
     "IDLE_AFTER",
     "LANE_EVERY",
+    "LANE_SPREAD",
     "POLICIES",
     "SERIAL_KEY",
     "WAIT_CHANCE",
@@ -1017,6 +1130,7 @@ __all__ = [
     "Headroom",
     "Policy",
     "PolicyName",
+    "QuietPool",
     "Rank",
     "RefillProbe",
     "ShardMerge",

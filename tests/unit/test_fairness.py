@@ -5,6 +5,7 @@ buffer starts its two queues in (`consumers.scheduling`)."""
 from __future__ import annotations
 
 import heapq
+import math
 import random
 import statistics
 from typing import NamedTuple
@@ -17,6 +18,7 @@ from bandgate.consumers.scheduling import (
     BandBuffer,
     Dispatcher,
     Headroom,
+    QuietPool,
     ShardMerge,
     StrictPolicy,
 )
@@ -286,20 +288,169 @@ def test_under_a_flood_quiet_tenants_wait_at_most_twice_as_long_and_the_band_dra
 ) -> None:
     """The flood in the lane takes the slots the quiet tenants leave, not their p99: within
     twice their p99 without a flood (at 30 % and 54 % of the slots). Against a lane that keeps
-    no slot for them, the kept slot costs under 10 % of the band's starts and lowers their
-    median wait (the first of a burst starts at once); their p99 it barely moves."""
+    no slot for them, the quiet pool costs under 15 % of the band's starts while the flood
+    lasts (12 % and 6 %) and lowers their mean and p99 wait."""
     calm = simulate(flood=False, quiet_rate=quiet_rate)
     flooded = simulate(flood=True, quiet_rate=quiet_rate)
     assert p99(flooded["quiet"]) <= 2 * p99(calm["quiet"])
     assert p99(flooded["hot"]) <= max(0.005, 2 * p99(calm["hot"]))
-    monkeypatch.setattr(scheduling, "LANE_KEEPS", 0)
+    monkeypatch.setattr(scheduling, "LANE_KEEPS_FROM", 10**6)  # the lane keeps nothing
     greedy = simulate(flood=True, quiet_rate=quiet_rate)
     starts = len(flooded["quiet"]) + len(flooded["flood"])
-    assert starts >= 0.9 * (len(greedy["quiet"]) + len(greedy["flood"]))
-    assert statistics.median(flooded["quiet"]) < statistics.median(greedy["quiet"])
+    assert starts >= 0.85 * (len(greedy["quiet"]) + len(greedy["flood"]))
+    assert statistics.mean(flooded["quiet"]) < statistics.mean(greedy["quiet"])
+    assert p99(flooded["quiet"]) < p99(greedy["quiet"])
 
 
 def test_the_lane_gets_its_share_while_quiet_tenants_saturate_the_band() -> None:
     waits = simulate(flood=True, quiet_rate=1000.0, seconds=5.0)
     share = len(waits["flood"]) / (len(waits["flood"]) + len(waits["quiet"]))
     assert share >= 1 / LANE_EVERY - 0.005
+
+
+class Tick:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_quiet_pool_follows_the_load_of_the_bands_own_queue() -> None:
+    """`ceil(a + LANE_SPREAD sqrt(a))` slots, `a` the slots the band's own messages held on
+    average; the lane leaves free those of them not held now, and `LANE_KEEPS` at the least."""
+    clock = Tick()
+    pool = QuietPool(clock)
+    assert pool.size() == 0
+    assert pool.kept() == scheduling.LANE_KEEPS
+    for _ in range(9):
+        pool.started()
+    clock.now += 20 * scheduling.AVERAGE_SECONDS  # nine slots held for a long while
+    assert pool.load() == pytest.approx(9.0)
+    assert pool.size() == math.ceil(9 + scheduling.LANE_SPREAD * 3)
+    assert pool.kept() == max(scheduling.LANE_KEEPS, pool.size() - 9)
+    for _ in range(5):
+        pool.ended()
+    assert pool.kept() == pool.size() - 4  # just ended: the load is still remembered
+    clock.now += 20 * scheduling.AVERAGE_SECONDS
+    assert pool.load() == pytest.approx(4.0)
+    for _ in range(4):
+        pool.ended()
+    clock.now += 20 * scheduling.AVERAGE_SECONDS
+    assert pool.load() == pytest.approx(0.0, abs=1e-6)
+    assert pool.kept() == scheduling.LANE_KEEPS
+
+
+def fair_dispatcher(
+    concurrency: int, clock: Tick, headroom: Headroom | None = None
+) -> Dispatcher[Item]:
+    merge: ShardMerge[Item] = ShardMerge(
+        (1, 2), lambda item: item.lane, lambda _: (0, 0.0), lanes=(False, True)
+    )
+    return Dispatcher(
+        2,
+        StrictPolicy(),
+        concurrency,
+        key=lambda item: item.key,
+        merge=merge,
+        clock=clock,
+        headroom=headroom,
+    )
+
+
+def quiet_load(dispatcher: Dispatcher[Item], clock: Tick, running: int) -> int:
+    """Quiet tenants held 8 slots for a while; `running` of them still run, and one more
+    arrived and started: the pool is 8 slots (`LANE_SPREAD` 0), the slots it leaves free."""
+    quiet = []
+    for index in range(8):
+        dispatcher.put(1, Item(f"quiet{index}", 0))
+        taken = dispatcher.take_nowait()
+        assert taken is not None
+        quiet.append(taken[1])
+    clock.now += 10 * scheduling.AVERAGE_SECONDS
+    for item in quiet[running:]:
+        dispatcher.done(1, item)
+    dispatcher.put(1, Item("arrival", 0))  # an arrival lately: the pool applies
+    assert dispatcher.take_nowait() is not None
+    clock.now += 0.01
+    pool = math.ceil(8 + scheduling.LANE_SPREAD * math.sqrt(8))
+    return max(scheduling.LANE_KEEPS, pool - running - 1)
+
+
+def test_the_lane_leaves_the_quiet_tenants_the_slots_their_load_asks_for() -> None:
+    """The quiet tenants' load was 8 slots and 5 run: the lane leaves 3 free (not 1, as a
+    lane that kept the last slot did), and quiet arrivals start at once."""
+    clock = Tick()
+    dispatcher = fair_dispatcher(16, clock)
+    kept = quiet_load(dispatcher, clock, running=4)
+    assert kept >= 3
+    started = 0
+    for index in range(50):
+        dispatcher.put(1, Item(f"flood{index}", 1))
+    while (taken := dispatcher.take_nowait()) is not None:
+        assert taken[1].lane == 1
+        started += 1
+    # The lane stops with the pool's free slots left; its turn may take one of them.
+    assert 16 - 5 - kept <= started <= 16 - 5 - kept + 1
+    for index in range(kept - 1):
+        dispatcher.put(1, Item(f"late{index}", 0))
+        taken = dispatcher.take_nowait()
+        assert taken is not None
+        assert taken[1].name == f"late{index}"
+
+
+def test_without_quiet_arrivals_the_lane_takes_every_slot() -> None:
+    clock = Tick()
+    dispatcher = fair_dispatcher(16, clock)
+    quiet_load(dispatcher, clock, running=4)
+    clock.now += scheduling.IDLE_AFTER  # the band's own queue idle since: nothing kept
+    for index in range(50):
+        dispatcher.put(1, Item(f"flood{index}", 1))
+    started = 0
+    while dispatcher.take_nowait() is not None:
+        started += 1
+    assert started == 16 - 5
+
+
+def test_the_pool_holds_where_the_slots_are_receives_waiting() -> None:
+    """HTTP receivers: the slots are the leases and the receives waiting (`takers_waiting`),
+    not the concurrency (the lease limit). The lane leaves receives waiting for the band's own
+    queue, as a worker leaves slots free."""
+    clock = Tick()
+    room = Headroom(256, idle_after=0.5, clock=clock)
+    dispatcher = fair_dispatcher(256, clock, headroom=room)
+    room.takers_waiting(16 - 8)
+    kept = quiet_load(dispatcher, clock, running=4)
+    room.takers_waiting(16 - 5)  # 16 receive loops: 5 hold a lease, 11 wait
+    for index in range(50):
+        dispatcher.put(1, Item(f"flood{index}", 1))
+    started = 0
+    while dispatcher.take_nowait() is not None:
+        started += 1
+        room.takers_waiting(16 - 5 - started)
+    assert room.slots(dispatcher.running) == 16
+    assert 16 - 5 - kept <= started <= 16 - 5 - kept + 1
+
+
+def test_after_an_idle_spell_the_pool_measures_the_load_afresh() -> None:
+    """Quiet tenants and a flood that start together after a quiet spell: the pool follows the
+    quiet tenants' load from their first message, not averaged with the idle time before it."""
+    clock = Tick()
+    dispatcher = fair_dispatcher(16, clock)
+    clock.now += 5.0  # idle since the worker started
+    quiet = []
+    for index in range(8):
+        dispatcher.put(1, Item(f"quiet{index}", 0))
+        taken = dispatcher.take_nowait()
+        assert taken is not None
+        quiet.append(taken[1])
+    clock.now += 0.05
+    for item in quiet[4:]:
+        dispatcher.done(1, item)
+    for index in range(50):
+        dispatcher.put(1, Item(f"flood{index}", 1))
+    started = 0
+    while dispatcher.take_nowait() is not None:
+        started += 1
+    # The pool is the 8 slots held since the first arrival: 4 held, 4 kept free.
+    assert 16 - 4 - 4 <= started <= 16 - 4 - 4 + 1
