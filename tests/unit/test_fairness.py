@@ -358,15 +358,21 @@ def fair_dispatcher(
     )
 
 
-def quiet_load(dispatcher: Dispatcher[Item], clock: Tick, running: int) -> int:
-    """Quiet tenants held 8 slots for a while; `running` of them still run, and one more
-    arrived and started: the pool is 8 slots (`LANE_SPREAD` 0), the slots it leaves free."""
+def start_quiet(dispatcher: Dispatcher[Item], count: int) -> list[Item]:
+    """`count` quiet tenants' messages arrive in the band's own queue, each started at once."""
     quiet = []
-    for index in range(8):
+    for index in range(count):
         dispatcher.put(1, Item(f"quiet{index}", 0))
         taken = dispatcher.take_nowait()
         assert taken is not None
         quiet.append(taken[1])
+    return quiet
+
+
+def quiet_load(dispatcher: Dispatcher[Item], clock: Tick, running: int) -> int:
+    """Quiet tenants held 8 slots for a while; `running` of them still run, and one more
+    arrived and started: the pool is 8 slots (`LANE_SPREAD` 0), the slots it leaves free."""
+    quiet = start_quiet(dispatcher, 8)
     clock.now += 10 * scheduling.AVERAGE_SECONDS
     for item in quiet[running:]:
         dispatcher.done(1, item)
@@ -438,12 +444,7 @@ def test_after_an_idle_spell_the_pool_measures_the_load_afresh() -> None:
     clock = Tick()
     dispatcher = fair_dispatcher(16, clock)
     clock.now += 5.0  # idle since the worker started
-    quiet = []
-    for index in range(8):
-        dispatcher.put(1, Item(f"quiet{index}", 0))
-        taken = dispatcher.take_nowait()
-        assert taken is not None
-        quiet.append(taken[1])
+    quiet = start_quiet(dispatcher, 8)
     clock.now += 0.05
     for item in quiet[4:]:
         dispatcher.done(1, item)
