@@ -311,10 +311,8 @@ class Headroom:
         self._drained_at = float("-inf")
         self._hotter_starts = 0.0  # time-decayed counts of starts
         self._all_starts = 0.0
-        self._hotter_held = 0  # slots hotter work holds now
-        self._hotter_load = 0.0  # their time-decayed integral, over that of the time
-        self._measured = 0.0
         self._since = clock()
+        self._hotter = HeldLoad(clock)  # the slots hotter work holds, and held lately
 
     def takers_waiting(self, count: int) -> None:
         """From now on the slots are the messages running and `count` takers waiting for
@@ -337,13 +335,12 @@ class Headroom:
         self._all_starts += 1
         if hotter:
             self._hotter_starts += 1
-            self._hotter_held += 1
+            self._hotter.started()
 
     def ended(self, hotter: bool) -> None:
         """A slot's message ended, of a hotter band or of the coldest."""
         if hotter:
-            self._advance()
-            self._hotter_held = max(0, self._hotter_held - 1)
+            self._hotter.ended()
 
     def share(self) -> float:
         """The hotter share of the starts lately (0 before any)."""
@@ -352,8 +349,7 @@ class Headroom:
 
     def load(self) -> float:
         """The slots hotter work held lately, on average (its offered load)."""
-        self._advance()
-        return self._hotter_load / self._measured if self._measured > 0 else 0.0
+        return self._hotter.load()
 
     def slots(self, running: int) -> int:
         """The slots with `running` busy: the concurrency, or those and the takers waiting."""
@@ -393,12 +389,47 @@ class Headroom:
         return until if self._clock() < until else None
 
     def _advance(self) -> None:
-        """Age the counts and the load's average up to now."""
+        """Age the counts of starts up to now."""
         now = self._clock()
         weight = math.exp(-max(0.0, now - self._since) / AVERAGE_SECONDS)
         self._hotter_starts *= weight
         self._all_starts *= weight
-        self._hotter_load = self._hotter_load * weight + self._hotter_held * (1.0 - weight)
+        self._since = now
+
+
+class HeldLoad:
+    """Slots some kind of work holds now, and held on average over the last `AVERAGE_SECONDS`
+    (time-decayed): its offered load. The headroom's hotter work, a fair band's own queue."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.held = 0
+        self._load = 0.0  # the held slots' time-decayed integral, over that of the time
+        self._measured = 0.0
+        self._since = clock()
+
+    def started(self) -> None:
+        self._advance()
+        self.held += 1
+
+    def ended(self) -> None:
+        self._advance()
+        self.held = max(0, self.held - 1)
+
+    def restart(self) -> None:
+        """Measure afresh from now."""
+        self._advance()
+        self._load = self._measured = 0.0
+
+    def load(self) -> float:
+        """The slots held lately, on average (0 before any time passed)."""
+        self._advance()
+        return self._load / self._measured if self._measured > 0 else 0.0
+
+    def _advance(self) -> None:
+        now = self._clock()
+        weight = math.exp(-max(0.0, now - self._since) / AVERAGE_SECONDS)
+        self._load = self._load * weight + self.held * (1.0 - weight)
         self._measured = self._measured * weight + (1.0 - weight)
         self._since = now
 
@@ -410,35 +441,27 @@ class QuietPool:
     they do not hold now, and `LANE_KEEPS` at the least."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._held = 0  # slots the band's own messages hold now
-        self._load = 0.0  # their time-decayed integral, over that of the time
-        self._measured = 0.0
-        self._since = clock()
+        self._own = HeldLoad(clock)  # the slots the band's own messages hold, and held lately
 
     @property
     def idle(self) -> bool:
         """No message of the band's own queue runs."""
-        return not self._held
+        return not self._own.held
 
     def restart(self) -> None:
         """The band's own queue is busy again after an idle spell: its load is measured
         afresh, from now (the idle spell says nothing of the load that comes)."""
-        self._advance()
-        self._load = self._measured = 0.0
+        self._own.restart()
 
     def started(self) -> None:
-        self._advance()
-        self._held += 1
+        self._own.started()
 
     def ended(self) -> None:
-        self._advance()
-        self._held = max(0, self._held - 1)
+        self._own.ended()
 
     def load(self) -> float:
         """The slots the band's own messages held lately, on average."""
-        self._advance()
-        return self._load / self._measured if self._measured > 0 else 0.0
+        return self._own.load()
 
     def size(self) -> int:
         """The pool: the slots the band's own queue keeps from the lane, held or free."""
@@ -447,14 +470,7 @@ class QuietPool:
 
     def kept(self) -> int:
         """The free slots the lane leaves to the band's own queue now."""
-        return max(LANE_KEEPS, self.size() - self._held)
-
-    def _advance(self) -> None:
-        now = self._clock()
-        weight = math.exp(-max(0.0, now - self._since) / AVERAGE_SECONDS)
-        self._load = self._load * weight + self._held * (1.0 - weight)
-        self._measured = self._measured * weight + (1.0 - weight)
-        self._since = now
+        return max(LANE_KEEPS, self.size() - self._own.held)
 
 
 # Smaller starts first: (-priority, enqueue time in milliseconds since the epoch).
