@@ -110,10 +110,12 @@ async def test_a_quiet_tenants_message_starts_ahead_of_a_noisy_backlog(
         f"in the lane {in_lane}, ahead in the band's queue {ahead}; the late one started "
         f"{position + 1}th of {len(order)}"
     )
-    # The lane's turns, and as many again while the band's queue waits for a refill (a free
-    # slot never waits while the lane has work); slots start CONCURRENCY at a time. In a FIFO
-    # band it would start last (328th).
-    assert position <= ahead + 2 * lane_turns + CONCURRENCY
+    # The lane's turns, and any slot that finds the band's queue waiting for its refill from
+    # the broker (a free slot never waits while the lane has work): on an idle machine about
+    # as many again as its turns (~74th here), under load more (87th seen in CI on 4.3). The
+    # bound is the messages ahead of it twice over; in a FIFO band it would start last (328th).
+    assert position <= 2 * ahead + 2 * lane_turns + CONCURRENCY
+    assert position < len(order) // 2
     assert sorted(order) == sorted(
         (e.payload["tenant"], e.payload["n"]) for e in early + flood + [late]
     )
