@@ -297,6 +297,8 @@ class Producer:
         which consumers that follow it read before they run a copy. The ledger cannot tell an
         id never published, or already handled, from a pending one."""
         spec = self._spec(queue)
+        # The id follows the rule a published one does, as the gateway's path id does.
+        self._envelope(spec, None, {"message_id": message_id})
         self._begin()
         try:
             return await tombstoning.cancel(self._publisher, spec.name, message_id)

@@ -19,7 +19,7 @@ import aiormq
 import pytest
 
 from bandgate.consumers import Ack, ConsumerApp, Message, Requeue, Tombstoned
-from bandgate.core.publish_outcomes import UnknownQueue
+from bandgate.core.publish_outcomes import InvalidMessage, UnknownQueue
 from bandgate.core.publishing import Publisher
 from bandgate.gateway.app import create_app
 from bandgate.gateway.settings import GatewaySettings
@@ -322,3 +322,14 @@ async def test_a_sync_handler_runs_in_the_worker_s_threads() -> None:
     assert sorted(type(s.outcome).__name__ for s in harness.settled) == ["Ack", "DeadLetter"]
     [dead] = harness.dead_letters("emails")
     assert dead.reason == "Reject: an e-mail needs a recipient"
+
+
+async def test_a_cancel_s_id_follows_the_rule_a_published_id_does() -> None:
+    """`Producer.cancel` refuses an id the gateway's `DELETE .../messages/{id}` refuses (and
+    a publish's `message_id`), with the same field, and writes no tombstone for it."""
+    app, _ = app_of()
+    async with Harness(app) as harness:
+        for bad in ("", "x" * 300):
+            with pytest.raises(InvalidMessage) as refused:
+                await harness.cancel("orders", bad)
+            assert refused.value.field == "message_id"
