@@ -434,34 +434,17 @@ class HeldLoad:
         self._since = now
 
 
-class QuietPool:
+class QuietPool(HeldLoad):
     """The slots a fair band's own queue keeps from its noisy lane ("Noisy lane"): a pool of
     `a + LANE_SPREAD * sqrt(a)` slots, `a` the slots the band's own messages held on average
     over the last `AVERAGE_SECONDS` (their offered load), of which the lane leaves free those
-    they do not hold now, and `LANE_KEEPS` at the least."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._own = HeldLoad(clock)  # the slots the band's own messages hold, and held lately
+    they do not hold now, and `LANE_KEEPS` at the least. `restart` when the band's own queue
+    is busy again after an idle spell: the idle spell says nothing of the load that comes."""
 
     @property
     def idle(self) -> bool:
         """No message of the band's own queue runs."""
-        return not self._own.held
-
-    def restart(self) -> None:
-        """The band's own queue is busy again after an idle spell: its load is measured
-        afresh, from now (the idle spell says nothing of the load that comes)."""
-        self._own.restart()
-
-    def started(self) -> None:
-        self._own.started()
-
-    def ended(self) -> None:
-        self._own.ended()
-
-    def load(self) -> float:
-        """The slots the band's own messages held lately, on average."""
-        return self._own.load()
+        return not self.held
 
     def size(self) -> int:
         """The pool: the slots the band's own queue keeps from the lane, held or free."""
@@ -470,7 +453,7 @@ class QuietPool:
 
     def kept(self) -> int:
         """The free slots the lane leaves to the band's own queue now."""
-        return max(LANE_KEEPS, self.size() - self._own.held)
+        return max(LANE_KEEPS, self.size() - self.held)
 
 
 # Smaller starts first: (-priority, enqueue time in milliseconds since the epoch).
