@@ -38,11 +38,13 @@ from bandgate.topology.declare import apply_topology
 from bandgate.topology.loader import parse_topology
 from bandgate.topology.wire import Envelope
 from tests.integration.conftest import queue_depths
-from tests.integration.test_consumer_process import RECORD_ENV, Workers
+from tests.integration.test_consumer_process import RECORD_ENV, Event, Workers
 
 pytestmark = pytest.mark.integration
 
 TOPOLOGY = parse_topology({"delay": {"base_ms": 50, "levels": 8}, "queues": {"orders": {}}})
+
+GATE_ENV = "BANDGATE_TEST_GATE"
 
 # Run by the worker processes of the tests below (`bandgate worker` imports this module).
 app = ConsumerApp(topology=TOPOLOGY)
@@ -50,9 +52,18 @@ app = ConsumerApp(topology=TOPOLOGY)
 
 @app.consumer("orders", concurrency=4)
 def record(msg: Message) -> None:
+    gate = os.environ.get(GATE_ENV)
+    if gate:  # hold the message until the test opens the gate (a file another process writes)
+        note("start", msg)
+        while not os.path.exists(gate):
+            time.sleep(0.01)
     time.sleep(float(os.environ.get("HANDLER_SECONDS", "0")))
+    note("end", msg)
+
+
+def note(event: str, msg: Message) -> None:
     with open(os.environ[RECORD_ENV], "a", encoding="utf-8") as out:
-        out.write(json.dumps({"event": "end", "id": msg.message_id, "pid": os.getpid()}) + "\n")
+        out.write(json.dumps({"event": event, "id": msg.message_id, "pid": os.getpid()}) + "\n")
 
 
 @dataclass
@@ -320,8 +331,15 @@ class MeteredWorkers(Workers):
             total += consumed(text, outcome)
         return total
 
+    def ended(self) -> list[Event]:
+        return [event for event in self.events() if event["event"] == "end"]
+
     def ids(self) -> Counter[str]:
-        return Counter(str(event["id"]) for event in self.events())
+        return Counter(str(event["id"]) for event in self.ended())
+
+
+def pids(events: list[Event]) -> set[object]:
+    return {event["pid"] for event in events}
 
 
 @pytest.fixture
@@ -357,15 +375,18 @@ async def test_two_workers_skip_exactly_the_100_cancelled_of_1000(
     assert len(cancelled & delayed) == 50
     for name in sorted(cancelled):
         await rig.cancel(name)
-    for _ in range(2):
-        workers.start_metered()
-    await until("900 handled", lambda: len(workers.events()) >= 900, 60)
+    gate = workers.record_path.with_name("gate")
+    for _ in range(2):  # each holds what it takes until both hold some: both share the work
+        workers.start_metered(**{GATE_ENV: str(gate)})
+    await until("both workers hold messages", lambda: len(pids(workers.events())) == 2, 60)
+    gate.touch()
+    await until("900 handled", lambda: len(workers.ended()) >= 900, 60)
     await until("100 cancelled", lambda: workers.counted("cancelled") >= 100, 30)
     handled = workers.ids()
     assert set(handled) == set(ids) - cancelled
     assert max(handled.values()) == 1
     assert workers.counted("cancelled") == 100
-    assert len({event["pid"] for event in workers.events()}) == 2  # both did work
+    assert len(pids(workers.ended())) == 2  # both did work
     depths = await queue_depths(rig.connection, TOPOLOGY)
     assert sum(depths.values()) == 0, depths  # lost: none; nothing dead-lettered
 
