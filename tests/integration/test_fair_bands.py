@@ -16,7 +16,7 @@ from bandgate.consumers import ConsumerApp, Message
 from bandgate.consumers.scheduling import LANE_EVERY
 from bandgate.consumers.settings import WorkerSettings
 from bandgate.consumers.worker import Worker
-from bandgate.core.fairness import MIN_COUNT
+from bandgate.core.fairness import MIN_COUNT, ONSET_COUNT
 from bandgate.core.publishing import ChannelSet, Published, Publisher, confirm_channel_factory
 from bandgate.topology import wire
 from bandgate.topology.declare import apply_topology
@@ -87,7 +87,7 @@ async def test_a_quiet_tenants_message_starts_ahead_of_a_noisy_backlog(
         in_lane = await depth(connection, "orders.cold.noisy")
         ahead = await depth(connection, "orders.cold") - 1  # the quiet ones, the flood's first
         assert in_lane + ahead + 1 == len(early) + FLOOD + 1
-        assert FLOOD - MIN_COUNT - 10 <= in_lane <= FLOOD  # found noisy within ~its 30th
+        assert FLOOD - ONSET_COUNT <= in_lane <= FLOOD  # found noisy by its 16th (the onset)
 
         app = ConsumerApp(WorkerSettings(amqp_url=amqp_url), topology=topology)
         order: list[tuple[str, int]] = []
