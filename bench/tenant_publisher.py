@@ -5,9 +5,10 @@ messages at its rate, through bandgate's publishing core (`core.publishing.Publi
 the gateway and the Python producer use), so a fair band's detector (`core.fairness`) decides
 per message, as in production. Each payload carries `seq` (the stream's class times `CLASS`,
 plus its number), `t` (wall-clock publish time) and `run`, which the worker's `Recorder` turns
-into a dwell time. A stream's rate 0 publishes its messages all at once (a backlog). Every
-`TICK` the messages due are sent as one pipelined batch; the process prints `sent` once all are
-confirmed and writes every message's publish time to OUT.
+into a dwell time. A stream's rate 0 publishes its messages all at once (a backlog); a stream
+begins `start` seconds into the run. Every `TICK` the messages due are sent as one pipelined
+batch; the process prints `sent` once all are confirmed and writes every message's publish time
+to OUT.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Stream:
     rate: float  # messages per second; 0: all at once
     count: int
     first: int = 0  # the number of its first message
+    start: float = 0.0  # seconds into the run before its first message
 
 
 @dataclass
@@ -61,10 +63,13 @@ def due(load: TenantLoad, elapsed: float, sent: list[int]) -> list[tuple[Stream,
     """The messages due after `elapsed` seconds that are not sent yet, interleaved."""
     batch = []
     for index, stream in enumerate(load.streams):
-        upto = stream.count if not stream.rate else min(stream.count, int(elapsed * stream.rate))
+        since = elapsed - stream.start
+        if since < 0:
+            continue
+        upto = stream.count if not stream.rate else min(stream.count, int(since * stream.rate))
         batch += [(stream, n) for n in range(sent[index], upto)]
         sent[index] = max(sent[index], upto)
-    batch.sort(key=lambda item: item[1] / (item[0].rate or 1e9))  # in time order
+    batch.sort(key=lambda item: item[0].start + item[1] / (item[0].rate or 1e9))  # in time order
     return batch
 
 
