@@ -332,13 +332,26 @@ class Publisher:
     async def _settle(
         self, confirmation: Confirmation, exchange: str, routing_key: str, deadline: float
     ) -> None:
-        """Wait for the broker's ack by the deadline; a return, nack or timeout raises."""
+        """Wait for the broker's ack by the deadline; a return, nack or timeout raises.
+
+        The deadline is a timer that cancels the confirmation, as `asyncio.timeout_at` would
+        have the task do, at a fraction of its cost per message (its context manager was 4.5 %
+        of the gateway's CPU per single-message publish, profiled under wrk); a cancelled
+        confirmation in a task nobody cancelled is the timeout."""
+        timer = asyncio.get_running_loop().call_at(deadline, confirmation.cancel)
         try:
-            async with asyncio.timeout_at(deadline):
-                await confirmation
+            await confirmation
             check_acked(confirmation, exchange, routing_key)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            timeout = TimeoutError()
+            raise failure_of(timeout, exchange, routing_key, self.confirm_timeout) from None
         except Exception as exc:
             raise failure_of(exc, exchange, routing_key, self.confirm_timeout) from None
+        finally:
+            timer.cancel()
 
 
 class _Outgoing(NamedTuple):

@@ -12,7 +12,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import State
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Route
 
 from bandgate.core import error_codes
 from bandgate.core.broker import BrokerLink
@@ -28,6 +28,7 @@ from bandgate.gateway.dlq_routes import dlq_routes, finish_dead_letter_work
 from bandgate.gateway.errors import ApiError, api_error_handler, http_error_handler
 from bandgate.gateway.message_routes import message_routes
 from bandgate.gateway.middleware import BodyLimitMiddleware, ErrorBoundary, Utf8PathMiddleware
+from bandgate.gateway.publish_lane import PublishLane
 from bandgate.gateway.routes import routes
 from bandgate.gateway.settings import GatewaySettings
 from bandgate.topology.model import Topology
@@ -129,7 +130,7 @@ def create_app(
     )
     if not resolved.auth_enabled:
         log.warning("authentication is disabled: anyone who can reach the gateway may publish")
-    middleware = [
+    guards = [
         Middleware(ErrorBoundary),
         Middleware(
             CrossSiteGuard,
@@ -140,16 +141,19 @@ def create_app(
         Middleware(AuthMiddleware, authenticator=authenticator),
         Middleware(BodyLimitMiddleware, limit=resolved.max_body_bytes),
     ]
+    served = [
+        *routes(),
+        *message_routes(),
+        *dlq_routes(),
+        *console_routes(),
+        *docs_routes(),
+        *(route for extension in extensions for route in extension.routes()),
+    ]
+    # The router's first route is the single publish: the lane takes exactly what it would.
+    assert isinstance(served[0], Route)
     return Starlette(
-        routes=[
-            *routes(),
-            *message_routes(),
-            *dlq_routes(),
-            *console_routes(),
-            *docs_routes(),
-            *(route for extension in extensions for route in extension.routes()),
-        ],
-        middleware=middleware,
+        routes=served,
+        middleware=[Middleware(PublishLane, route=served[0], guards=guards), *guards],
         exception_handlers={ApiError: api_error_handler, HTTPException: http_error_handler},
         lifespan=lifespan,
     )
