@@ -2,7 +2,9 @@
 
 Raw: one confirm channel, `WINDOW` publishes in flight. Gateway: a gateway process (uvicorn,
 one worker) saturated by wrk (a separate process; `apt-get install wrk`) with `WINDOW`
-connections, one message per request, then 100 per batch request. Latency is measured with
+connections, one message per request, then 100 per batch request; and one message per request
+to a gateway of two processes (`BANDGATE_WORKERS=2`), whether a second process pays on a
+machine of two cores shared with the broker and wrk (issue 35). Latency is measured with
 an async HTTP client at half of each one's own maximum rate (python-side HTTP clients cannot
 saturate the gateway: httpx tops out far below it).
 """
@@ -133,10 +135,11 @@ def run_publish(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
     (`rate_runs`: every run's), the ratio is the median of the rounds' ratios
     (`ratio_runs`), and p50/p99 are the medians of the runs' (`p99_ms_runs`: every run's)."""
     runs: dict[str, list[dict[str, Any]]] = {}
-    with gateway_process(broker) as (port, pid):
+    with gateway_process(broker) as one, gateway_process(broker, workers=2) as two:
         for _ in range(ROUNDS):
             rows = asyncio.run(_raw(broker, messages))
-            rows += asyncio.run(_through_gateway(broker, messages, port, pid))
+            rows += asyncio.run(_through_gateway(broker, *one))
+            rows += asyncio.run(_through_gateway(broker, *two, processes=2))
             for row in rows:
                 runs.setdefault(row["name"], []).append(row)
     # Latency is its own median over the runs: a broker stall decides one run's p99.
@@ -197,69 +200,80 @@ async def _raw(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
 
 
 async def _through_gateway(
-    broker: BenchBroker, messages: int, port: int, gateway_pid: int
+    broker: BenchBroker, port: int, gateway_pid: int, processes: int = 1
 ) -> list[dict[str, Any]]:
+    """The single-message row, and with one process the batch row too."""
     topology = load_topology()
     queues = [naming.band_queue("orders", band.name) for band in topology.queue("orders").bands]
-    rows: list[dict[str, Any]] = []
-    limits = httpx.Limits(max_connections=WINDOW, max_keepalive_connections=WINDOW)
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=30
-    ) as http:
+    await _wait_ready(port)
+    raw_http = RawHttp("127.0.0.1", port, WINDOW)
+    await raw_http.open()
+    try:
+        rows = [await _single(broker, port, gateway_pid, raw_http, processes)]
+        await _purge(broker.amqp_url, queues)
+        if processes == 1:
+            rows.append(await _batch(port, gateway_pid, raw_http))
+            await _purge(broker.amqp_url, queues)
+    finally:
+        await raw_http.close()
+    return rows
+
+
+async def _wait_ready(port: int) -> None:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
         for _ in range(100):
             try:
                 if (await http.get("/readyz")).status_code == 200:
-                    break
+                    return
             except httpx.TransportError:
                 pass
             await asyncio.sleep(0.1)
-        single_body = orjson.dumps({"payload": PAYLOAD, "priority": 8})
-        batch_body = orjson.dumps({"messages": [{"payload": PAYLOAD, "priority": 8}] * BATCH})
 
-        raw_http = RawHttp("127.0.0.1", port, WINDOW)
-        await raw_http.open()
 
-        async def http_send() -> None:
-            status = await raw_http.post("/v1/queues/orders/messages", single_body)
-            if status != 201:
-                raise RuntimeError(f"publish answered {status}")
+SINGLE_BODY = orjson.dumps({"payload": PAYLOAD, "priority": 8})
+BATCH_BODY = orjson.dumps({"messages": [{"payload": PAYLOAD, "priority": 8}] * BATCH})
 
-        async def batch_send() -> None:
-            status = await raw_http.post("/v1/queues/orders/messages/batch", batch_body)
-            if status != 200:
-                raise RuntimeError(f"batch answered {status}")
 
-        await _saturate(http_send, 300, WINDOW)
-        g0, b0 = cpu_seconds(gateway_pid), cpu_seconds(broker.pid)
-        single_url = f"http://127.0.0.1:{port}/v1/queues/orders/messages"
-        single_rate = await asyncio.to_thread(_wrk, single_url, single_body, WINDOW)
-        gw_cpu, br_cpu = cpu_seconds(gateway_pid) - g0, cpu_seconds(broker.pid) - b0
-        single_lat = _percentiles(await _paced(http_send, single_rate / 2, 3.0))
-        rows.append(
-            {
-                "name": "gateway HTTP, 1 message/request",
-                "rate": single_rate,
-                "gateway_cpu_s": gw_cpu,
-                "broker_cpu_s": br_cpu,
-                "gateway_us_per_msg": gw_cpu / (single_rate * WRK_SECONDS) * 1e6,
-                **single_lat,
-            }
-        )
-        await _purge(broker.amqp_url, queues)
-        batch_url = f"http://127.0.0.1:{port}/v1/queues/orders/messages/batch"
-        g0 = cpu_seconds(gateway_pid)
-        batch_rate = await asyncio.to_thread(_wrk, batch_url, batch_body, 4) * BATCH
-        batch_cpu = cpu_seconds(gateway_pid) - g0
-        batch_lat = _percentiles(await _paced(batch_send, batch_rate / BATCH / 2, 3.0))
-        rows.append(
-            {
-                "name": f"gateway HTTP, batch of {BATCH}",
-                "rate": batch_rate,
-                "gateway_cpu_s": batch_cpu,
-                "gateway_us_per_msg": batch_cpu / (batch_rate * WRK_SECONDS) * 1e6,
-                **batch_lat,
-            }
-        )
-        await _purge(broker.amqp_url, queues)
-        await raw_http.close()
-    return rows
+async def _single(
+    broker: BenchBroker, port: int, gateway_pid: int, raw_http: RawHttp, processes: int
+) -> dict[str, Any]:
+    async def http_send() -> None:
+        status = await raw_http.post("/v1/queues/orders/messages", SINGLE_BODY)
+        if status != 201:
+            raise RuntimeError(f"publish answered {status}")
+
+    await _saturate(http_send, 300, WINDOW)
+    g0, b0 = cpu_seconds(gateway_pid), cpu_seconds(broker.pid)
+    single_url = f"http://127.0.0.1:{port}/v1/queues/orders/messages"
+    single_rate = await asyncio.to_thread(_wrk, single_url, SINGLE_BODY, WINDOW)
+    gw_cpu, br_cpu = cpu_seconds(gateway_pid) - g0, cpu_seconds(broker.pid) - b0
+    single_lat = _percentiles(await _paced(http_send, single_rate / 2, 3.0))
+    name = "gateway HTTP, 1 message/request"
+    return {
+        "name": name if processes == 1 else f"{name}, {processes} processes",
+        "rate": single_rate,
+        "gateway_cpu_s": gw_cpu,
+        "broker_cpu_s": br_cpu,
+        "gateway_us_per_msg": gw_cpu / (single_rate * WRK_SECONDS) * 1e6,
+        **single_lat,
+    }
+
+
+async def _batch(port: int, gateway_pid: int, raw_http: RawHttp) -> dict[str, Any]:
+    async def batch_send() -> None:
+        status = await raw_http.post("/v1/queues/orders/messages/batch", BATCH_BODY)
+        if status != 200:
+            raise RuntimeError(f"batch answered {status}")
+
+    batch_url = f"http://127.0.0.1:{port}/v1/queues/orders/messages/batch"
+    g0 = cpu_seconds(gateway_pid)
+    batch_rate = await asyncio.to_thread(_wrk, batch_url, BATCH_BODY, 4) * BATCH
+    batch_cpu = cpu_seconds(gateway_pid) - g0
+    batch_lat = _percentiles(await _paced(batch_send, batch_rate / BATCH / 2, 3.0))
+    return {
+        "name": f"gateway HTTP, batch of {BATCH}",
+        "rate": batch_rate,
+        "gateway_cpu_s": batch_cpu,
+        "gateway_us_per_msg": batch_cpu / (batch_rate * WRK_SECONDS) * 1e6,
+        **batch_lat,
+    }

@@ -61,9 +61,10 @@ async def delete(url: str, queues: tuple[str, ...], exchanges: tuple[str, ...] =
 
 
 @contextmanager
-def gateway_process(broker: BenchBroker) -> Iterator[tuple[int, int]]:
+def gateway_process(broker: BenchBroker, workers: int = 1) -> Iterator[tuple[int, int]]:
     """A gateway as deployed (`bandgate gateway`: uvicorn with the gateway's HTTP limits, one
-    process), with no access log and auth off, on a free port: port and pid."""
+    process, or `workers` behind uvicorn's supervisor), with no access log and auth off, on a
+    free port: port and pid (the supervisor's, whose CPU counts its workers')."""
     port = free_port()
     env = {
         **os.environ,
@@ -72,6 +73,7 @@ def gateway_process(broker: BenchBroker) -> Iterator[tuple[int, int]]:
         "BANDGATE_AUTH_ENABLED": "false",
         "BANDGATE_ACCESS_LOG": "false",
         "BANDGATE_PORT": str(port),
+        "BANDGATE_WORKERS": str(workers),
     }
     command = [sys.executable, "-c", "from bandgate.ops.cli import main; main()", "gateway"]
     process = subprocess.Popen(command, env=env)
