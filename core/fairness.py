@@ -15,7 +15,10 @@ choice is made; a tenant is noisy while either holds:
   `max(MIN_SHARE, FAIR_FACTOR / active)` of them, `active` being the tenants in the window. The
   fair-share term keeps equal tenants quiet whatever their number (ten tenants at 10 % each
   are nobody's noisy neighbour; SQS's 10 % alone would flip half of them at random), and still
-  finds one of two tenants that sends 3 in 4 messages.
+  finds one of two tenants that sends 3 in 4 messages. A third term keeps chance out: more
+  than `CHANCE_SIGMAS` standard deviations of a fair tenant's count above its mean, which
+  matters while the window fills after a start (10 % of 300 publishes is 2.9 deviations at ten
+  tenants) and near 15 tenants (where 10 % is 4.2).
 - **Onset**: among the last `ONSET_WINDOW` publishes, it has at least `ONSET_COUNT` of them and
   more than `ONSET_FACTOR / active` of them. A flood that starts after a calm spell must push
   its share of the long window past the line first (150 of 1,000 for one of ten tenants who
@@ -37,6 +40,7 @@ window alone in that run); other bands and messages without a tenant skip it.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,7 @@ WINDOW = 1000  # publishes with a tenant remembered per fair band
 MIN_COUNT = 30  # SQS: fewer in flight is never noisy
 MIN_SHARE = 0.10  # SQS: more than this share of in-flight messages
 FAIR_FACTOR = 1.5  # and more than this many times the fair share of the active tenants
+CHANCE_SIGMAS = 5.0  # and this many standard deviations above a fair tenant's mean count
 ONSET_WINDOW = 50  # the short window that finds a flood as it starts
 ONSET_COUNT = 16
 ONSET_FACTOR = 3.0  # times the fair share of the tenants active in the long window
@@ -105,8 +110,10 @@ class TenantWindow:
     def _steady(self, count: int) -> bool:
         if count < MIN_COUNT:
             return False
-        share = max(MIN_SHARE, FAIR_FACTOR / len(self._long.counts))
-        return count > share * len(self._long)
+        publishes = len(self._long)
+        fair = 1 / len(self._long.counts)
+        chance = fair + CHANCE_SIGMAS * math.sqrt(fair * (1 - fair) / publishes)
+        return count > max(MIN_SHARE, FAIR_FACTOR * fair, chance) * publishes
 
     def _onset(self, count: int) -> bool:
         if count < ONSET_COUNT:
@@ -144,6 +151,7 @@ class Fairness:
 
 
 __all__ = [
+    "CHANCE_SIGMAS",
     "FAIR_FACTOR",
     "MIN_COUNT",
     "MIN_SHARE",

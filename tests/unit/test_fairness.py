@@ -139,13 +139,21 @@ def chance_flags(tenants: int, onset: int) -> int:
     return sum(window.publish(chooser.choice(names)) for _ in range(40 * WINDOW))
 
 
+@pytest.mark.parametrize("tenants", [2, 3, 5, 10, 15, 20])
+def test_the_steady_rule_flags_no_equal_tenant_while_its_window_fills_or_after(
+    tenants: int,
+) -> None:
+    """Its line is at least five standard deviations of a fair tenant's count above its
+    mean: without that term a fresh window's few hundred publishes (10 % of 300 is 2.9
+    deviations at ten tenants) and 15 tenants (10 % is 4.2) flagged tenants by chance."""
+    assert chance_flags(tenants, onset=1) == 0
+
+
 @pytest.mark.parametrize("tenants", [3, 4, 6, 8, 10, 11, 15, 30])
 def test_the_onset_window_almost_never_flags_equal_tenants(tenants: int) -> None:
     """Its line is three times the fair share: the binomial tail puts a chance flag at under
     1.7e-5 of its windows, 5.8e-5 of publishes at worst over six seeds (flags come in short
-    runs); this bound is 2e-4, for one seed. (The steady rule has chance flags of its own
-    while its window fills, and near 15 tenants, where its 10 % is 1.5 times the fair
-    share: 32 of these 40,000 publishes at 15; docs/guides/tenants.md.)"""
+    runs); this bound is 2e-4, for one seed."""
     added = chance_flags(tenants, ONSET_WINDOW) - chance_flags(tenants, onset=1)
     assert 0 <= added <= 40 * WINDOW * 2e-4, added
 
