@@ -77,13 +77,18 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Handoff:
-    """What a `receive` tells the handler it starts: the lease's terms, and where to put it."""
+    """What a `receive` tells the handler it starts: the lease's terms, and where to put it
+    (None there: the pipeline ended without reaching the handler)."""
 
     visibility: float
     owner: str
     delivery: Delivery
-    leased: asyncio.Future[Lease]
+    leased: asyncio.Future[Lease | None]
     task: asyncio.Task[Outcome | None] | None = None
+
+    def pipeline_ended(self, _: asyncio.Task[Outcome | None]) -> None:
+        if not self.leased.done():
+            self.leased.set_result(None)  # settled without a lease: dead-lettered, say
 
 
 @dataclass
@@ -187,12 +192,8 @@ class PullQueue:
             deadline = asyncio.get_running_loop().time() + wait
             return await self._fill(seat, leases, count, deadline, visibility, owner, allowance)
         except asyncio.CancelledError:
-            # Nobody will see these receipts: give the messages back now, uncounted.
             for lease in leases:
-                if lease.delivery is not None:
-                    self.settlements.awaited.pop(lease.delivery, None)
-                if lease.task is not None:
-                    lease.task.cancel()
+                self._unseen(lease)  # nobody will see its receipt
             raise
         finally:
             self._seat(seat, empty=False)
@@ -283,8 +284,7 @@ class PullQueue:
     ) -> Lease | None:
         """Start the message's pipeline; its lease, or None when it was settled without
         reaching the handler (dead-lettered: delivered too often, or malformed)."""
-        leased: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
-        handoff = _Handoff(visibility, owner, delivery, leased)
+        handoff = _Handoff(visibility, owner, delivery, asyncio.get_running_loop().create_future())
         token = _HANDOFF.set(handoff)
         try:
             task = self.runner.start(band, delivery)
@@ -293,14 +293,20 @@ class PullQueue:
         if task is None:
             return None
         handoff.task = task
+        task.add_done_callback(handoff.pipeline_ended)
         try:
-            await asyncio.wait((leased, task), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((handoff.leased,))  # cancelled, it leaves the future alone
         except asyncio.CancelledError:
             task.cancel()  # its message goes back to its band, uncounted
             raise
-        if not leased.done():
-            return None
-        return leased.result()
+        return handoff.leased.result()
+
+    def _unseen(self, lease: Lease) -> None:
+        """Nobody will see this lease's receipt: give its message back now, uncounted."""
+        if lease.delivery is not None:
+            self.settlements.awaited.pop(lease.delivery, None)
+        if lease.task is not None:
+            lease.task.cancel()
 
     async def _park(self, message: Message) -> None:
         """The handler: lease the message, wait for how it ends, and say it the library's way."""
@@ -341,23 +347,21 @@ class PullQueue:
         if self._leased is not None:
             self._leased.inc()
         lease.delivery = delivery
-        lease.task = task
+        if task is not None:
+            lease.settled_by(task)
         self.settlements.awaited[delivery] = lease.outcome
         return lease
 
-    async def end(self, lease: Lease, how: LeaseEnd) -> Outcome | None:
-        """End a lease and wait until its message is settled on the broker: its outcome."""
+    def end(self, lease: Lease, how: LeaseEnd) -> asyncio.Future[Outcome | None]:
+        """End a lease: its outcome once its message is settled on the broker (None: the
+        pipeline ended without settling it, and it went back to its band). Waiting for it
+        cancels nothing: a client that hangs up does not stop the settlement half-way."""
         if lease.delivery is not None and lease.delivery.channel_gone:
             lease.end(Lapsed())
             raise LeaseGone(lease.receipt)  # the broker took it back with its channel
         if not lease.end(how):
             raise LeaseGone(lease.receipt)
-        assert lease.task is not None
-        # A client that hangs up does not stop the settlement half-way: nothing is cancelled.
-        await asyncio.wait((lease.outcome, lease.task), return_when=asyncio.FIRST_COMPLETED)
-        if lease.outcome.done():
-            return lease.outcome.result()
-        return None  # the pipeline ended without settling it: it went back to its band
+        return lease.outcome
 
     def _idle(self) -> None:
         """Pause after `linger_seconds` unless a client comes back meanwhile."""

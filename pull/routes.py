@@ -176,19 +176,16 @@ async def _ack_all(
             error_codes.BATCH_TOO_LARGE, f"a batch holds at most {MAX_ACK_BATCH} receipts", field
         )
     charge(request, len(receipts) - paid)
-    receivers = _receivers(request)
-    queue = request.path_params["queue"]
+    errors = await _receivers(request).ack_all(request.path_params["queue"], receipts)
     successful: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
-    for index, receipt in enumerate(receipts):
-        try:
-            await receivers.ack(queue, receipt)
-        except ApiError as error:
-            problem = {**error.body(), "field": f"{field}.{index}"}
-            failed.append({"index": index, "receipt": receipt, "error": problem})
-            count_rejected(request, error.code)
-        else:
+    for index, (receipt, error) in enumerate(zip(receipts, errors, strict=True)):
+        if error is None:
             successful.append({"index": index, "receipt": receipt})
+            continue
+        problem = {**error.body(), "field": f"{field}.{index}"}
+        failed.append({"index": index, "receipt": receipt, "error": problem})
+        count_rejected(request, error.code)
     return {"successful": successful, "failed": failed}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 import aiormq
@@ -198,6 +199,37 @@ class Receivers:
     async def ack(self, queue: str, receipt: str) -> dict[str, Any]:
         return await self._on_receipt(queue, receipt, {"op": "ack"})
 
+    async def ack_all(self, queue: str, receipts: list[str]) -> list[ApiError | None]:
+        """Ack each of `receipts`: None for each acked, or the error its own ack would answer.
+
+        The leases held here all end at once and their settlements are awaited together, so
+        their acks go out in one write (joined into `multiple` acks where the delivery tags
+        allow, `bandgate.core.protocol.acks`), not one loop turn and one wait after another;
+        the receipts of other processes are forwarded all at once."""
+        results: list[ApiError | None] = [None] * len(receipts)
+        settling: list[asyncio.Future[Outcome | None]] = []
+        forwarded: dict[int, Awaitable[dict[str, Any]]] = {}
+        for index, text in enumerate(receipts):
+            try:
+                receipt = parse(text)
+                if receipt.replica != self.replica:
+                    forwarded[index] = self._on_receipt(queue, text, {"op": "ack"})
+                    continue
+                settling.append(self._end(queue, receipt, Acked()))
+            except ReceiptError as exc:
+                results[index] = invalid_receipt(exc)
+            except ApiError as exc:
+                results[index] = exc
+        answers = await asyncio.gather(*forwarded.values(), return_exceptions=True)
+        for index, answer in zip(forwarded, answers, strict=True):
+            if isinstance(answer, ApiError):
+                results[index] = answer
+            elif isinstance(answer, BaseException):
+                raise answer
+        if settling:
+            await asyncio.wait(settling)
+        return results
+
     async def release(
         self, queue: str, receipt: str, delay: float | None, reason: str | None, dead_letter: bool
     ) -> dict[str, Any]:
@@ -241,13 +273,8 @@ class Receivers:
         return body
 
     async def _apply(self, queue: str, receipt: Receipt, command: Command) -> dict[str, Any]:
-        try:
-            lease = self.book.find(receipt, queue)
-        except ReceiptError as exc:
-            raise invalid_receipt(exc) from None
-        except LeaseGone:
-            raise lease_gone() from None
         if command["op"] == "extend":
+            lease = self._find(receipt, queue)
             lease.hide_for(float(command["visibility"]))
             return {"receipt": receipt.text, "visible_until": iso(lease.visible_until)}
         how: LeaseEnd = (
@@ -255,13 +282,27 @@ class Receivers:
             if command["op"] == "ack"
             else Released(command.get("delay"), command.get("reason"), command["dead_letter"])
         )
+        settled = self._end(queue, receipt, how)
+        await asyncio.wait((settled,))  # not cancelled with the request: see `PullQueue.end`
+        return {"receipt": receipt.text, **outcome_body(settled.result())}
+
+    def _find(self, receipt: Receipt, queue: str) -> Lease:
+        try:
+            return self.book.find(receipt, queue)
+        except ReceiptError as exc:
+            raise invalid_receipt(exc) from None
+        except LeaseGone:
+            raise lease_gone() from None
+
+    def _end(self, queue: str, receipt: Receipt, how: LeaseEnd) -> asyncio.Future[Outcome | None]:
+        """End the lease of a receipt issued here (`PullQueue.end`)."""
+        lease = self._find(receipt, queue)
         owner = self._queues.get(queue)
         assert owner is not None, "a lease of a queue never received from"
         try:
-            outcome = await owner.end(lease, how)
+            return owner.end(lease, how)
         except LeaseGone:
             raise lease_gone() from None
-        return {"receipt": receipt.text, **outcome_body(outcome)}
 
     async def _carry_out(self, command: Command) -> Answer:
         """A settlement forwarded here by another process."""

@@ -304,6 +304,36 @@ async def test_ack_batch_reports_each_receipt(pull: httpx.AsyncClient) -> None:
     ]
 
 
+async def test_a_batch_ack_settles_its_leases_together_and_the_broker_agrees(
+    pull: httpx.AsyncClient, amqp: AbstractRobustConnection, topology: Topology
+) -> None:
+    """The leases of a batch ack end at once and their acks go out together, joined into
+    `multiple` acks where the delivery tags allow: acked out of delivery order, with a lease
+    still held below some of them and one that lapsed among them, the broker takes every ack
+    (a wrong `multiple` ack would close the channel, and the held message would come back),
+    and holds exactly the messages not acked."""
+    for n in range(12):
+        await publish(pull, "orders", payload={"n": n}, priority=8)
+    held = await receive(pull, "orders", max_messages=1, wait_seconds=2)
+    lapsing = await receive(pull, "orders", max_messages=1, wait_seconds=2, visibility_timeout=0.2)
+    batch = await receive(pull, "orders", max_messages=10, wait_seconds=2)
+    assert len(batch) == 10
+    await asyncio.sleep(0.5)  # the lapsed message is back in its band, counted
+    receipts = [m["receipt"] for m in reversed(batch)] + [lapsing[0]["receipt"]]
+    response = await pull.post("/v1/queues/orders/receipts/ack", json={"receipts": receipts})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert [item["index"] for item in body["successful"]] == list(range(10))
+    assert [(f["index"], f["error"]["code"]) for f in body["failed"]] == [(10, "lease_expired")]
+    [again] = await receive(pull, "orders", wait_seconds=2)
+    assert (again["payload"], again["receive_count"]) == (lapsing[0]["payload"], 2)
+    for message in (*held, again):
+        gone = await pull.delete(f"/v1/queues/orders/receipts/{message['receipt']}")
+        assert gone.status_code == 204, gone.text
+    assert await receive(pull, "orders", wait_seconds=0.5) == []
+    assert (await queue_depths(amqp, topology))["orders.hot"] == 0
+
+
 async def test_a_receive_acks_the_previous_batch_first(pull: httpx.AsyncClient) -> None:
     for n in range(4):
         await publish(pull, "orders", payload={"n": n}, priority=8)

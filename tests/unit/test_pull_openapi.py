@@ -195,6 +195,9 @@ class Accepting:
     async def ack(self, queue: str, receipt: str) -> dict[str, Any]:
         return {}
 
+    async def ack_all(self, queue: str, receipts: list[str]) -> list[None]:
+        return [None for _ in receipts]
+
     async def release(self, queue: str, receipt: str, *args: Any) -> dict[str, Any]:
         return {"receipt": receipt, "outcome": "returned"}
 
