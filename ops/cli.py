@@ -40,6 +40,9 @@ def gateway(
     for name, value in (("HOST", host), ("PORT", port), ("WORKERS", workers)):
         if value is not None:
             os.environ[f"BANDGATE_{name}"] = str(value)  # worker processes read it too
+    # This process is the gateway's alone, as a worker's is (`bandgate worker`): its HTTP
+    # receivers read deliveries with bandgate's frame decoder (`PullSettings.fast_frames`).
+    os.environ.setdefault("BANDGATE_PULL_FAST_FRAMES", "true")
     settings = GatewaySettings()
     uvicorn.run(
         "bandgate.pull.app:create_app",

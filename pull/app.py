@@ -12,6 +12,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import State
 from starlette.routing import BaseRoute
 
+from bandgate.core.protocol import frames
 from bandgate.core.telemetry import Telemetry
 from bandgate.gateway.app import create_app as create_gateway
 from bandgate.gateway.settings import GatewaySettings
@@ -31,6 +32,8 @@ class PullExtension:
         return routes.routes()
 
     async def start(self, state: State) -> None:
+        if self.settings.fast_frames:
+            frames.install()  # deliveries' frames read without pamqp's generic decoding
         self.receivers = Receivers(
             state.link,
             self.settings,

@@ -90,6 +90,13 @@ class PullSettings(BaseSettings):
     forward_timeout_seconds: float = Field(
         default=5.0, gt=0, description="for the process holding a lease to answer a forward"
     )
+    fast_frames: bool = Field(
+        default=False,
+        description="read deliveries' frames with bandgate's decoder (core.protocol.frames), "
+        "put in place of pamqp's for the whole process when the receivers start, as a worker "
+        "does (BANDGATE_FAST_FRAMES): on in `bandgate gateway`, whose process is the gateway's "
+        "alone, unless set to false; off in a program that serves the gateway app itself",
+    )
 
     @property
     def token_lease_limit(self) -> int:
