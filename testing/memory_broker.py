@@ -41,10 +41,9 @@ import logging
 import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import aiormq
-from aio_pika.abc import AbstractRobustConnection
 from aiormq.abc import DeliveredMessage
 from pamqp.commands import Basic, Queue
 
@@ -57,6 +56,11 @@ from bandgate.topology.model import Topology
 from bandgate.topology.objects import BindingDecl, ExchangeType, QueueArguments
 
 log = logging.getLogger(__name__)
+
+READS_NOT_MODELLED = (
+    "the in-memory broker of bandgate.testing has no AMQP connection for the gateway to read"
+    " queues through (stats, dead-letter routes, the console): test those on a real broker"
+)
 
 Properties = aiormq.spec.Basic.Properties
 ConsumerCallback = Callable[[DeliveredMessage], Awaitable[Any]]
@@ -601,8 +605,9 @@ class MemoryChannels:
 class MemoryLink(BrokerLink):
     """The gateway's broker link over the in-memory broker: `create_app(link=...)` serves
     the HTTP API into it (publish, batch, cancel, replace, escalate, `/healthz`, `/readyz`).
-    Always connected; what the gateway reads through a real connection (`/stats`, the DLQ
-    routes, the console's sampler) it does not serve."""
+    Always connected for publishing, and with no AMQP connection: what the gateway reads
+    through one (`/stats`, the DLQ routes, the console's sampler) answers 503 with `problem`
+    (READS_NOT_MODELLED), as for a broker it cannot reach."""
 
     def __init__(self, broker: MemoryBroker) -> None:
         super().__init__(
@@ -612,8 +617,7 @@ class MemoryLink(BrokerLink):
             where="the in-memory broker of bandgate.testing",
             channels=MemoryChannels(broker),
         )
-        self.connection = cast(AbstractRobustConnection, MemoryConnection(broker))
-        self.problem = None
+        self.problem = READS_NOT_MODELLED
 
     @property
     def connected(self) -> bool:

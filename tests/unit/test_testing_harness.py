@@ -25,6 +25,7 @@ from bandgate.gateway.app import create_app
 from bandgate.gateway.settings import GatewaySettings
 from bandgate.testing import Harness, MemoryBroker
 from bandgate.testing.memory_broker import (
+    READS_NOT_MODELLED,
     MemoryAcks,
     MemoryChannel,
     MemoryChannels,
@@ -273,6 +274,14 @@ async def test_the_gateway_app_serves_its_http_api_into_the_harness() -> None:
             assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "unknown_queue")
             assert client.post("/v1/queues/orders/messages", json={}).status_code == 422
             assert client.get("/readyz").status_code == 200
+            for read in ("/v1/queues/orders/stats", "/v1/queues/orders/dlq"):  # not modelled
+                answer = client.get(read)
+                assert (answer.status_code, answer.json()["error"]["code"]) == (
+                    503,
+                    "broker_unavailable",
+                ), read
+                assert answer.json()["error"]["message"] == READS_NOT_MODELLED
+            assert client.get("/v1/console/overview").status_code == 200
         await harness.join()
     assert [msg.payload for msg in seen] == ["now"]
     assert harness.outcomes("c") == [Tombstoned("cancelled")]
