@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from bandgate.topology import wire
 from bandgate.topology.model import QueueSpec
@@ -64,6 +64,37 @@ class DeadLetter:
             "age_seconds": self.age_seconds,
             "replays": self.replays,
         }
+
+
+class DeadLetterMessage(Protocol):
+    """The properties a DLQ message's record is read from: aio-pika's incoming message has
+    them, and so has pamqp's `Basic.Properties` (the in-memory broker of `bandgate.testing`)."""
+
+    @property
+    def headers(self) -> Mapping[str, Any] | None: ...
+
+    @property
+    def message_id(self) -> str | None: ...
+
+    @property
+    def priority(self) -> int | None: ...
+
+    @property
+    def timestamp(self) -> datetime | None: ...
+
+
+def read_dead_letter_message(
+    spec: QueueSpec, message: DeadLetterMessage, now: datetime
+) -> DeadLetter:
+    """`read_dead_letter` of a DLQ message as a client received it."""
+    return read_dead_letter(
+        spec,
+        message.headers,
+        message_id=message.message_id,
+        priority=message.priority,
+        timestamp=message.timestamp,
+        now=now,
+    )
 
 
 def read_dead_letter(
@@ -219,8 +250,10 @@ def _iso(moment: datetime | None) -> str | None:
 __all__ = [
     "REPLAYS",
     "DeadLetter",
+    "DeadLetterMessage",
     "matches",
     "read_dead_letter",
+    "read_dead_letter_message",
     "replay_envelope",
     "replay_priority",
 ]

@@ -32,9 +32,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from bandgate.core.dead_letter_records import DeadLetter, matches, read_dead_letter, replay_envelope
+from bandgate.core.dead_letter_records import (
+    DeadLetter,
+    matches,
+    read_dead_letter_message,
+    replay_envelope,
+)
 from bandgate.core.dlq_access import (
     LOCK_WAIT_SECONDS,
     broker_call,
@@ -129,7 +134,7 @@ async def read_dead_letters(
     async with _locked(connection, spec, lock_wait) as channel, holding(channel, dlq) as take:
         total = await take.start()
         while len(records) < limit and (message := await take()) is not None:
-            record = _record(spec, message, moment)
+            record = read_dead_letter_message(spec, message, moment)
             if matches(record, reason):
                 records.append(record)
     return DeadLetterList(total, tuple(records))
@@ -200,7 +205,7 @@ async def replay(
                 await pace.ready()  # before taking: nothing waits unacked for its turn
                 if (message := await take()) is None:
                     break
-                record = _record(spec, message, wire.now())
+                record = read_dead_letter_message(spec, message, wire.now())
                 envelope = (
                     replay_envelope(
                         spec, record, message.body, message.headers, message.content_type
@@ -289,17 +294,6 @@ class _Pacer:
     def spent(self) -> None:
         if self._interval:
             self._next = asyncio.get_running_loop().time() + self._interval
-
-
-def _record(spec: QueueSpec, message: AbstractIncomingMessage, now: datetime) -> DeadLetter:
-    return read_dead_letter(
-        spec,
-        message.headers,
-        message_id=message.message_id,
-        priority=message.priority,
-        timestamp=message.timestamp,
-        now=now,
-    )
 
 
 __all__ = [

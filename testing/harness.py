@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Unpack, cast
 
@@ -51,7 +50,7 @@ from bandgate.consumers import (
     Timings,
     Tombstones,
 )
-from bandgate.core.dead_letter_records import DeadLetter, read_dead_letter
+from bandgate.core.dead_letter_records import DeadLetter, read_dead_letter_message
 from bandgate.core.ledger import Entry
 from bandgate.core.ledger_follower import LedgerFollower
 from bandgate.core.producer import Producer, PublishOptions
@@ -276,15 +275,7 @@ class Harness:
         spec = self.topology.queue(queue)
         found = []
         for stored in self.broker.queues[naming.dead_letter_queue(queue)].messages():
-            headers: Mapping[str, Any] = stored.properties.headers or {}
-            record = read_dead_letter(
-                spec,
-                headers,
-                message_id=stored.properties.message_id,
-                priority=wire.read_priority(stored.properties.priority, headers),
-                timestamp=stored.properties.timestamp,
-                now=wire.now(),
-            )
+            record = read_dead_letter_message(spec, stored.properties, wire.now())
             found.append(DeadLettered(_payload(stored.body), record))
         return found
 

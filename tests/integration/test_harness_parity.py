@@ -24,7 +24,7 @@ import pytest
 from bandgate.consumers import ConsumerApp, Message, Reject, Retry
 from bandgate.consumers.settings import WorkerSettings
 from bandgate.consumers.worker import Worker
-from bandgate.core.dead_letter_records import read_dead_letter
+from bandgate.core.dead_letter_records import read_dead_letter_message
 from bandgate.core.producer import Producer
 from bandgate.testing import Harness
 from bandgate.topology import naming, wire
@@ -138,14 +138,7 @@ class OnBroker(Sending):
         spec = TOPOLOGY.queue("orders")
         rows = []
         for message in await self._dead():
-            record = read_dead_letter(
-                spec,
-                message.headers,
-                message_id=message.message_id,
-                priority=message.priority,
-                timestamp=message.timestamp,
-                now=wire.now(),
-            )
+            record = read_dead_letter_message(spec, message, wire.now())
             payload = wire.decode_body(message.body)
             rows.append((payload["id"], record.cause, record.reason, record.attempts))
         return rows
