@@ -65,6 +65,7 @@ from bandgate.testing.memory_broker import (
     MemoryLink,
 )
 from bandgate.topology import naming, wire
+from bandgate.topology.declare import counts_every_return
 from bandgate.topology.model import Topology
 
 log = logging.getLogger(__name__)
@@ -158,11 +159,11 @@ class Harness:
         connection = cast(AbstractConnection, self._connection)
         timings = Timings.of(self.app.settings)
         hooks = _Recorder(self.settled)
+        hand_back = counts_every_return(self.broker.version)  # as the worker decides it
         self._runners = [
-            # hand_back: the in-memory broker counts every return, as RabbitMQ before 4.3
-            # does, so the worker gives back uncounted copies at a stop (bandgate.consumers.worker).
             ConsumerRunner(consumer, connection, settler, concurrency=self.concurrency,
-                           timings=timings, tombstones=tombstones, hooks=hooks, hand_back=True)
+                           timings=timings, tombstones=tombstones, hooks=hooks,
+                           hand_back=hand_back)
             for consumer in self.app.consumers
         ]  # fmt: skip
         await asyncio.gather(*(runner.open() for runner in self._runners))

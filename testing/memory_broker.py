@@ -148,6 +148,10 @@ class _Unacked:
 class MemoryBroker:
     """The broker: exchanges, queues and bindings from a topology, and the test's clock."""
 
+    # Where RabbitMQ's versions differ, it plays this one's part: FIFO inside a quorum queue,
+    # every return counted in `x-delivery-count`; the worker's version checks read it.
+    version = "3.10.8"
+
     def __init__(self, topology: Topology, clock: Clock | None = None) -> None:
         self.topology = topology
         self.clock = clock or Clock()
@@ -617,6 +621,7 @@ class MemoryLink(BrokerLink):
             where="the in-memory broker of bandgate.testing",
             channels=MemoryChannels(broker),
         )
+        self._broker = broker
         self.problem = READS_NOT_MODELLED
 
     @property
@@ -629,7 +634,7 @@ class MemoryLink(BrokerLink):
 
     @property
     def version(self) -> str:
-        return "in-memory"
+        return f"in-memory, as RabbitMQ {self._broker.version}"
 
     async def start(self, wait: float = 0.0) -> None:
         return None

@@ -273,7 +273,11 @@ async def test_the_gateway_app_serves_its_http_api_into_the_harness() -> None:
             unknown = client.post("/v1/queues/nowhere/messages", json={"payload": 1})
             assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "unknown_queue")
             assert client.post("/v1/queues/orders/messages", json={}).status_code == 422
-            assert client.get("/readyz").status_code == 200
+            ready = client.get("/readyz")
+            assert (ready.status_code, ready.json()["broker_version"]) == (
+                200,
+                f"in-memory, as RabbitMQ {MemoryBroker.version}",
+            )
             for read in ("/v1/queues/orders/stats", "/v1/queues/orders/dlq"):  # not modelled
                 answer = client.get(read)
                 assert (answer.status_code, answer.json()["error"]["code"]) == (
