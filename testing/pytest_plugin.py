@@ -7,6 +7,7 @@ its `auto` mode, or a test marked `asyncio`), and without it this plugin offers 
 
 ```python
 import pytest
+from bandgate.consumers import ConsumerApp
 from bandgate.testing import Harness
 from myapp.worker import app
 
@@ -17,6 +18,9 @@ def bandgate_app() -> ConsumerApp:
 async def test_hot_first(bandgate_harness: Harness) -> None:
     ...
 ```
+
+examples/test_worker.py is this, whole, for the example worker (docs/guides/testing.md shows
+it, and `pytest examples` runs it).
 """
 
 from __future__ import annotations
