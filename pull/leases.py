@@ -73,7 +73,7 @@ class Lease:
         # pipeline ended without settling it (it went back to its band).
         self.outcome: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
         self._timer: asyncio.TimerHandle | None = None
-        self.visible_until = datetime.now(UTC)
+        self.visible_until: datetime  # set by `hide_for`, which `LeaseBook.open` calls
 
     def settled_by(self, task: asyncio.Task[Outcome | None]) -> None:
         """`task` is the pipeline that settles it: if it ends first, the outcome is None. A

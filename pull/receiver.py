@@ -295,11 +295,12 @@ class PullQueue:
         handoff.task = task
         task.add_done_callback(handoff.pipeline_ended)
         try:
-            await asyncio.wait((handoff.leased,))  # cancelled, it leaves the future alone
+            # Awaited directly (no `asyncio.wait` beside it): cancelled, this receive cancels
+            # the future too, and a handler that finds it so gives the message back (`_park`).
+            return await handoff.leased
         except asyncio.CancelledError:
             task.cancel()  # its message goes back to its band, uncounted
             raise
-        return handoff.leased.result()
 
     def _unseen(self, lease: Lease) -> None:
         """Nobody will see this lease's receipt: give its message back now, uncounted."""
@@ -311,6 +312,8 @@ class PullQueue:
     async def _park(self, message: Message) -> None:
         """The handler: lease the message, wait for how it ends, and say it the library's way."""
         handoff = _HANDOFF.get()
+        if handoff.leased.cancelled():
+            raise asyncio.CancelledError  # its receive was cancelled: back to its band, uncounted
         if handoff.leased.done():
             # Run again in place (ordered queue): wait for the next receive to lease it.
             future = asyncio.get_running_loop().create_future()
@@ -411,6 +414,8 @@ class PullQueue:
 
     async def _resume(self) -> None:
         """Consume again, hottest band first, each primed (`ConsumerRunner.open`'s reasons)."""
+        if not self._paused and not self._switch.locked():
+            return  # consuming, no pause under way: every receive of a busy queue is here
         async with self._switch:  # after a pause under way, if one is
             if not self._paused:
                 return

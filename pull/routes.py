@@ -130,27 +130,45 @@ async def receive(request: Request) -> Response:
     receiving = asyncio.ensure_future(
         receivers.receive(spec, asked.max_messages, asked.wait_seconds, visibility, owner)
     )
-    hung_up = asyncio.ensure_future(_hung_up(request))
+    watch = _HangUp(request, receiving)
     try:
-        await asyncio.wait((receiving, hung_up), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        hung_up.cancel()
-        if not receiving.done():
-            # The client left (or the server stops): what this receive leased goes back.
-            receiving.cancel()
-        await asyncio.gather(receiving, hung_up, return_exceptions=True)
-    if receiving.cancelled():
+        leases = await receiving  # cancelled with this request's task (the server stops)
+    except asyncio.CancelledError:
+        if not watch.hung_up:
+            raise
+        # The client left: what this receive leased went back (`PullQueue.receive`).
         return Response(status_code=499)  # nobody reads it
-    answer: dict[str, Any] = {"messages": [message_body(lease) for lease in receiving.result()]}
+    finally:
+        watch.stop()
+    answer: dict[str, Any] = {"messages": [message_body(lease) for lease in leases]}
     if acked is not None:
         answer["ack"] = acked
     return _json(answer)
 
 
-async def _hung_up(request: Request) -> None:
-    """Return when the client closes its connection (its body is read already)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+class _HangUp:
+    """Cancels a receive when its client closes the connection (its body is read already),
+    so that a long poll's leases go back at once.
+
+    The receive runs in a task of its own, which the request's task awaits directly: every
+    lease the receive waits for resumes that short task, not the request's, which would pass
+    through each middleware's coroutine (measured: the request's task running the receive
+    itself saved no CPU); and its result wakes the request in the next loop turn, where an
+    `asyncio.wait` racing it against the watcher, then a gather of both, took several more."""
+
+    def __init__(self, request: Request, receiving: asyncio.Future[Any]) -> None:
+        self.hung_up = False
+        self._receiving = receiving
+        self._watcher = asyncio.ensure_future(self._watch(request))
+
+    async def _watch(self, request: Request) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.hung_up = True
+        self._receiving.cancel()
+
+    def stop(self) -> None:
+        self._watcher.cancel()
 
 
 async def ack(request: Request) -> Response:
