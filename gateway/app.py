@@ -41,7 +41,10 @@ class Extension(Protocol):
     the gateway itself never imports it: its routes, what it adds to the OpenAPI document,
     and what it must close before the broker link does."""
 
-    def routes(self) -> list[BaseRoute]: ...
+    def routes(self) -> list[BaseRoute]:
+        """Its routes, tried before all but the gateway's core ones: none may match a
+        request that a gateway route matches (`tests/unit/test_pull_routes.py`)."""
+        ...
 
     async def start(self, state: State) -> None:
         """The app starts: `state` holds its settings, topology, broker link and telemetry."""
@@ -143,11 +146,14 @@ def create_app(
     ]
     served = [
         *routes(),
+        # The extensions' routes before the gateway's rarer ones: HTTP receivers serve a
+        # request per message or batch, and Starlette's router tries the routes in turn
+        # (about 1 us each). Their paths are the extension's own: no route matches another's.
+        *(route for extension in extensions for route in extension.routes()),
         *message_routes(),
         *dlq_routes(),
         *console_routes(),
         *docs_routes(),
-        *(route for extension in extensions for route in extension.routes()),
     ]
     # The router's first route is the single publish: the lane takes exactly what it would.
     assert isinstance(served[0], Route)
