@@ -84,6 +84,7 @@ class Lease:
     def _pipeline_ended(self, _: asyncio.Task[Outcome | None]) -> None:
         if not self.outcome.done():
             self.outcome.set_result(None)
+        self.task = None  # its context leads back here: no cycle once it is done
 
     def hide_for(self, seconds: float) -> None:
         """Invisible for `seconds` from now (0: lapses at once)."""
@@ -98,6 +99,7 @@ class Lease:
             return False
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None  # its callback is this lease's method: no cycle left behind
         self.ended.set_result(how)
         return True
 

@@ -89,6 +89,9 @@ class _Handoff:
     def pipeline_ended(self, _: asyncio.Task[Outcome | None]) -> None:
         if not self.leased.done():
             self.leased.set_result(None)  # settled without a lease: dead-lettered, say
+        # The task's context holds this handoff: a reference back to the task would make a
+        # message's objects cyclic garbage, for the collector (`bandgate.pull.routes._hang_up`).
+        self.task = None
 
 
 @dataclass
