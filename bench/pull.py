@@ -12,6 +12,7 @@ the HTTP client (`bench.pull_client`) and the worker (`bench.worker_process`, th
   timed from the `WARMUP`-th message received to the last; CPU seconds of the client (the HTTP
   client or the worker), the gateway and the broker between the same two moments, per 1,000
   messages. `vs_c<N>`: the rate over the worker's at concurrency N, the median of the rounds'.
+  Each HTTP drain's gateway is sized for the loops' leases (`DRAIN_SETTINGS`).
 - wake: an empty queue, one client in a long poll (`wait_seconds` 20), and messages published
   through the gateway one at a time, `WAKE_MESSAGES` per run at random intervals of 50-200 ms;
   latency = the moment the receive returned - the moment just before the publish was sent.
@@ -65,6 +66,13 @@ WAKE_MESSAGES = 100
 WAKE_WAIT = 20.0
 WAKE_GRACE = 1.0  # for the worker to handle the last message after it was published
 HOT_SECONDS = 5.0  # measured per run; half of `bench priority`'s, to keep a run near 5 minutes
+# The drain's loops hold up to RECEIVERS x MAX_MESSAGES (80) leases under one token. A token
+# may hold half of a queue's leases in a process (the tenancy rule, `PullSettings.token_leases`),
+# and by default a queue has 85 (64 MiB of prefetch / (3 bands x 256 KiB bodies)): 42, which
+# capped the loops at about 5.5 messages a receive and answered some receives 429. A deployment
+# whose one client holds 80 leases sizes the prefetch for them, as this: 170 leases a queue,
+# 85 a token; the rule itself stays.
+DRAIN_SETTINGS = {"BANDGATE_PULL_MAX_PREFETCH_BYTES": str(128 << 20)}
 HTTP = f"HTTP {RECEIVERS} loops x {MAX_MESSAGES}"
 HTTP_ACKING = f"{HTTP}, ack in receive"
 
@@ -161,7 +169,7 @@ def _drain_over_http(stage: Stage, config: PullClientConfig) -> dict[str, Any]:
     receiver keeps what it holds for its next receive, and a shared gateway once held 21
     messages of the next run's backlog (the worker waited 300 s for them; where they came
     from was not found)."""
-    with gateway_process(stage.broker) as (port, gateway_pid):
+    with gateway_process(stage.broker, settings=DRAIN_SETTINGS) as (port, gateway_pid):
         _wait_ready(port)
         with PullClient(replace(config, port=port, gateway_pid=gateway_pid)) as client:
             record: dict[str, Any] = client.wait(timeout=300)

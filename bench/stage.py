@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import aio_pika
@@ -61,13 +61,17 @@ async def delete(url: str, queues: tuple[str, ...], exchanges: tuple[str, ...] =
 
 
 @contextmanager
-def gateway_process(broker: BenchBroker, workers: int = 1) -> Iterator[tuple[int, int]]:
+def gateway_process(
+    broker: BenchBroker, workers: int = 1, settings: Mapping[str, str] | None = None
+) -> Iterator[tuple[int, int]]:
     """A gateway as deployed (`bandgate gateway`: uvicorn with the gateway's HTTP limits, one
     process, or `workers` behind uvicorn's supervisor), with no access log and auth off, on a
-    free port: port and pid (the supervisor's, whose CPU counts its workers')."""
+    free port, with `settings` (`BANDGATE_*` variables) beside: port and pid (the
+    supervisor's, whose CPU counts its workers')."""
     port = free_port()
     env = {
         **os.environ,
+        **(settings or {}),
         "BANDGATE_AMQP_URL": broker.amqp_url,
         "BANDGATE_DECLARE_TOPOLOGY": "false",
         "BANDGATE_AUTH_ENABLED": "false",
