@@ -164,7 +164,7 @@ async def _hang_up(request: Request, receiving: asyncio.Future[Any]) -> bool:
     `CancelledError`, whose traceback holds this frame, and a reference from here to the task
     (a watcher object's method) made every request's objects, its leases and messages too,
     cyclic garbage (about 70 objects per message), left to the young collections of
-    `bandgate.core.heap`: 90-117 ms each, about once a second, under the hot bench's load."""
+    `bandgate.core.heap`: up to 117 ms each, about once a second, under the hot bench's load."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
     receiving.cancel()
