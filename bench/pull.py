@@ -75,6 +75,9 @@ HOT_SECONDS = 5.0  # measured per run; half of `bench priority`'s, to keep a run
 DRAIN_SETTINGS = {"BANDGATE_PULL_MAX_PREFETCH_BYTES": str(128 << 20)}
 HTTP = f"HTTP {RECEIVERS} loops x {MAX_MESSAGES}"
 HTTP_ACKING = f"{HTTP}, ack in receive"
+# The same behind a gateway of two processes (`BANDGATE_WORKERS=2`): one process is CPU-bound
+# in the drain, and the issue asks where more processes per machine pay.
+HTTP_TWO = f"{HTTP_ACKING}, 2 gateway processes"
 
 
 class Stage:
@@ -141,7 +144,8 @@ def _drains(stage: Stage, messages: int) -> list[dict[str, Any]]:
         f"worker, concurrency {c}": replace(stage.worker, concurrency=c, expect=messages)
         for c in CONCURRENCIES
     }
-    clients = {HTTP: http, HTTP_ACKING: replace(http, ack_in_receive=True)}
+    acking = replace(http, ack_in_receive=True)
+    clients = {HTTP: (http, 1), HTTP_ACKING: (acking, 1), HTTP_TWO: (acking, 2)}
     rows = []
     for scenario, priorities in SCENARIOS:
         runs: dict[str, list[dict[str, Any]]] = {}
@@ -150,7 +154,7 @@ def _drains(stage: Stage, messages: int) -> list[dict[str, Any]]:
                 _fill(stage, priorities, messages)
                 wait_for_quiet()
                 if name in clients:
-                    record = _drain_over_http(stage, clients[name])
+                    record = _drain_over_http(stage, *clients[name])
                 else:
                     with WorkerProcess(workers[name]) as worker:
                         record = worker.wait(timeout=300)
@@ -164,12 +168,14 @@ def _drains(stage: Stage, messages: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _drain_over_http(stage: Stage, config: PullClientConfig) -> dict[str, Any]:
-    """A drain through a gateway of its own, stopped after it: before RabbitMQ 4.3 a paused
-    receiver keeps what it holds for its next receive, and a shared gateway once held 21
+def _drain_over_http(stage: Stage, config: PullClientConfig, processes: int) -> dict[str, Any]:
+    """A drain through a gateway of its own (of `processes`), stopped after it: before
+    RabbitMQ 4.3 a paused receiver keeps what it holds for its next receive, and a shared
+    gateway once held 21
     messages of the next run's backlog (the worker waited 300 s for them; where they came
     from was not found)."""
-    with gateway_process(stage.broker, settings=DRAIN_SETTINGS) as (port, gateway_pid):
+    gateway = gateway_process(stage.broker, processes, DRAIN_SETTINGS)
+    with gateway as (port, gateway_pid):
         _wait_ready(port)
         with PullClient(replace(config, port=port, gateway_pid=gateway_pid)) as client:
             record: dict[str, Any] = client.wait(timeout=300)
