@@ -952,7 +952,12 @@ class Dispatcher(Generic[T]):
 
     def _next_refill_deadline(self) -> float | None:
         """Seconds until a refill wait runs out, the headroom's reserve drops to 0, or a fair
-        band's queue has been idle long enough to give the lane its last slot."""
+        band's queue has been idle long enough to give the lane its last slot.
+
+        Refill waits that ran out end here (`waiting_for_refill`): with every buffer empty,
+        `take_nowait` returns before it looks at them, and a wait already over made this 0
+        and `take` spin (about 100,000 turns a second) until the next message arrived."""
+        self.waiting_for_refill()  # ends the waits that ran out
         ends = [since + self.refill_wait for since in self._dry_since if since is not None]
         if self.headroom is not None and (idle := self.headroom.idle_until()) is not None:
             ends.append(idle)

@@ -241,6 +241,31 @@ async def test_take_wakes_up_when_the_refill_wait_runs_out() -> None:
     assert await asyncio.wait_for(work.take(), 1) == (1, ("warm-1", None))
 
 
+async def test_a_take_waiting_after_a_refill_wait_ran_out_sleeps_until_a_message_arrives() -> None:
+    """Every buffer empty and the refill wait over: `take` waits for the next put, it does
+    not spin (it looped about 48,000 times in 0.5 s before)."""
+    work: Dispatcher[Item] = Dispatcher(3, StrictPolicy(), 4, refill_wait=0.01)
+    work.put(0, ("hot-1", None))
+    work.put(0, ("hot-2", None))  # a backlog, which then runs dry
+    assert (await work.take())[0] == 0
+    assert (await work.take())[0] == 0
+    looks = 0
+    look = work.take_nowait
+
+    def counted(headroom: bool = True) -> tuple[int, Item] | None:
+        nonlocal looks
+        looks += 1
+        return look(headroom)
+
+    work.take_nowait = counted  # type: ignore[method-assign]
+    waiting = asyncio.ensure_future(work.take())
+    await asyncio.sleep(0.2)  # twenty refill waits
+    assert not waiting.done()
+    assert looks <= 3  # the first look, the one when the wait ran out, and no more
+    work.put(2, ("cold-1", None))
+    assert await asyncio.wait_for(waiting, 1) == (2, ("cold-1", None))
+
+
 def test_weighted_peek_changes_nothing_until_commit() -> None:
     policy = WeightedPolicy([2, 1])
     assert policy.peek([True, True]) == 0
