@@ -7,8 +7,9 @@ the HTTP client (`bench.pull_client`) and the worker (`bench.worker_process`, th
 - drain: a backlog of `--messages` small messages, in one band and spread over three, drained
   by `RECEIVERS` receive loops (`MAX_MESSAGES` per receive, `WAIT_SECONDS`, then one batch
   ack; and, the row `HTTP_ACKING`, with each receive acking the batch before it, one request
-  per batch), and by the worker with a no-op handler at its default concurrency and at
-  `RECEIVERS x MAX_MESSAGES` (as many messages in hand as the loops may hold). The rate is
+  per batch; and, the row `HTTP_TWO`, that behind a gateway of two processes), and by the
+  worker with a no-op handler at its default concurrency and at `RECEIVERS x MAX_MESSAGES`
+  (as many messages in hand as the loops may hold). The rate is
   timed from the `WARMUP`-th message received to the last; CPU seconds of the client (the HTTP
   client or the worker), the gateway and the broker between the same two moments, per 1,000
   messages. `vs_c<N>`: the rate over the worker's at concurrency N, the median of the rounds'.
@@ -171,9 +172,8 @@ def _drains(stage: Stage, messages: int) -> list[dict[str, Any]]:
 def _drain_over_http(stage: Stage, config: PullClientConfig, processes: int) -> dict[str, Any]:
     """A drain through a gateway of its own (of `processes`), stopped after it: before
     RabbitMQ 4.3 a paused receiver keeps what it holds for its next receive, and a shared
-    gateway once held 21
-    messages of the next run's backlog (the worker waited 300 s for them; where they came
-    from was not found)."""
+    gateway once held 21 messages of the next run's backlog (the worker waited 300 s for
+    them; where they came from was not found)."""
     gateway = gateway_process(stage.broker, processes, DRAIN_SETTINGS)
     with gateway as (port, gateway_pid):
         _wait_ready(port)
