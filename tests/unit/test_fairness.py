@@ -357,8 +357,9 @@ def test_under_a_flood_quiet_tenants_wait_at_most_twice_as_long_and_the_band_dra
 ) -> None:
     """The flood in the lane takes the slots the quiet tenants leave, not their p99: within
     twice their p99 without a flood (at 30 % and 54 % of the slots). Against a lane that keeps
-    no slot for them, the quiet pool costs under 15 % of the band's starts while the flood
-    lasts (12 % and 6 %) and lowers their mean and p99 wait."""
+    no slot for them, the quiet pool (their mean load and half a standard deviation) costs
+    under 20 % of the band's starts while the flood lasts (19 % and 9 %) and lowers their mean
+    and p99 wait."""
     calm = simulate(flood=False, quiet_rate=quiet_rate)
     flooded = simulate(flood=True, quiet_rate=quiet_rate)
     assert p99(flooded["quiet"]) <= 2 * p99(calm["quiet"])
@@ -366,7 +367,7 @@ def test_under_a_flood_quiet_tenants_wait_at_most_twice_as_long_and_the_band_dra
     monkeypatch.setattr(scheduling, "LANE_KEEPS_FROM", 10**6)  # the lane keeps nothing
     greedy = simulate(flood=True, quiet_rate=quiet_rate)
     starts = len(flooded["quiet"]) + len(flooded["flood"])
-    assert starts >= 0.85 * (len(greedy["quiet"]) + len(greedy["flood"]))
+    assert starts >= 0.80 * (len(greedy["quiet"]) + len(greedy["flood"]))
     assert statistics.mean(flooded["quiet"]) < statistics.mean(greedy["quiet"])
     assert p99(flooded["quiet"]) < p99(greedy["quiet"])
 
@@ -440,7 +441,8 @@ def start_quiet(dispatcher: Dispatcher[Item], count: int) -> list[Item]:
 
 def quiet_load(dispatcher: Dispatcher[Item], clock: Tick, running: int) -> int:
     """Quiet tenants held 8 slots for a while; `running` of them still run, and one more
-    arrived and started: the pool is 8 slots (`LANE_SPREAD` 0), the slots it leaves free."""
+    arrived and started: the pool is 8 slots and its margin (`LANE_SPREAD`), the slots it
+    leaves free."""
     quiet = start_quiet(dispatcher, 8)
     clock.now += 10 * scheduling.AVERAGE_SECONDS
     for item in quiet[running:]:
@@ -522,5 +524,7 @@ def test_after_an_idle_spell_the_pool_measures_the_load_afresh() -> None:
     started = 0
     while dispatcher.take_nowait() is not None:
         started += 1
-    # The pool is the 8 slots held since the first arrival: 4 held, 4 kept free.
-    assert 16 - 4 - 4 <= started <= 16 - 4 - 4 + 1
+    # The pool follows the 8 slots held since the first arrival (and its margin): the 4 still
+    # held, the rest kept free.
+    free = math.ceil(8 + scheduling.LANE_SPREAD * math.sqrt(8)) - 4
+    assert 16 - 4 - free <= started <= 16 - 4 - free + 1
