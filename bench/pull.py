@@ -170,12 +170,11 @@ def _drains(stage: Stage, messages: int) -> list[dict[str, Any]]:
 
 
 def _drain_over_http(stage: Stage, config: PullClientConfig, processes: int) -> dict[str, Any]:
-    """A drain through a gateway of its own (of `processes`), stopped after it: before
-    RabbitMQ 4.3 a paused receiver keeps what it holds for its next receive, and a shared
-    gateway once held 21 messages of the next run's backlog (the worker waited 300 s for
-    them; where they came from was not found)."""
-    gateway = gateway_process(stage.broker, processes, DRAIN_SETTINGS)
-    with gateway as (port, gateway_pid):
+    """A drain through a gateway of its own, of `processes` processes, stopped after it:
+    before RabbitMQ 4.3 a paused receiver keeps what it holds for its next receive, and a
+    shared gateway once held 21 messages of the next run's backlog (the worker waited 300 s
+    for them; where they came from was not found)."""
+    with gateway_process(stage.broker, processes, DRAIN_SETTINGS) as (port, gateway_pid):
         _wait_ready(port)
         with PullClient(replace(config, port=port, gateway_pid=gateway_pid)) as client:
             record: dict[str, Any] = client.wait(timeout=300)
