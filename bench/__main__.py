@@ -1,7 +1,7 @@
 """`python -m bench [publish|delay|consume|acks|priority|memory|native|shards|pull|ledger|
 tenants|cluster|all]`: benchmarks against the raw aio-pika client and the alternatives, in one
 run on one broker, printed as tables and written as JSON under bench/results/. `all` takes
-about 25 minutes on two cores, `tenants` (fair bands under a noisy tenant) about 4 more,
+about 25 minutes on two cores, `tenants` (fair bands under a noisy tenant) about 5 more,
 `ledger` (the tombstone ledger's costs) about 5 minutes more, and
 `cluster` (what a three-node cluster spends per message, on nodes of its own) about 5 more.
 
