@@ -207,12 +207,9 @@ only, during the flood, and zero when nobody is noisy (an empty lane asks for no
 tests/unit/test_fairness.py's simulation (handlers of 50 ms on average, exponential; quiet
 tenants on 30 % and 54 % of the slots) the band starts 19 % and 9 % fewer messages than with a
 lane that keeps nothing, while the flood lasts (12 % and 6 % without the margin). In the
-benchmark on RabbitMQ 3.10.8, one round each on a slow machine (quiet p99 under the flood over
-calm, then the band's total drain fair over fairness off): spread 0, 1.22 and 0.96; 0.5, 1.46
-and 0.95; 1.0, 1.03 and 0.93; the one kept slot, 2.4-3.0 and 0.98. On a fast, idle machine
-(2026-11-27, four rounds each) the calm p99 fell to 8 ms, and spread 0 gave 2.53 and 0.97 on
-3.10.8 and 2.02 and 0.97 on 4.3.6, above the 2 asked; spread 0.5 gave 1.13 and 0.94 (3.10.8),
-1.12 and 0.94 (4.3.6); spread 1.0, 1.13 and 0.92 (3.10.8). Hence 0.5.
+benchmark (`python -m bench tenants`) on a fast machine, the quiet tenants' p99 under a flood
+was 2.0-2.5 times their calm p99 without the margin, 1.1 with 0.5 or 1.0, and the band drained
+0.94 of fairness off at 0.5 against 0.92 at 1.0: hence 0.5 (the runs: bench/RESULTS.md).
 
 Fair bands are refused on ordered queues (a tenant moving to the lane would reorder its keys),
 so per-key order is not at stake.
