@@ -141,13 +141,23 @@ def main() -> None:
         help="size the private node's quorum WAL at RabbitMQ's default (512 MiB) instead of "
         "bandgate's 64 MiB",
     )
+    parser.add_argument(
+        "--broker-in-memory",
+        action="store_true",
+        help="keep the private node's data in /dev/shm (tmpfs): no stalls of this machine's "
+        "disk in the p99s (docs/benchmarks.md, 'The disk under the broker')",
+    )
     args = parser.parse_args()
     chosen = [*BENCHMARKS, *OWN_BROKERS] if args.which == "all" else [args.which]
     results: dict[str, list[dict[str, Any]]] = {}
     version = "unknown"
     if any(name in BENCHMARKS for name in chosen):
         with bench_broker(
-            args.rabbitmq, tuple(args.broker_conf), args.broker_advanced, args.default_wal
+            args.rabbitmq,
+            tuple(args.broker_conf),
+            args.broker_advanced,
+            args.default_wal,
+            in_memory=args.broker_in_memory,
         ) as broker:
             for name in (name for name in chosen if name in BENCHMARKS):
                 results[name] = BENCHMARKS[name](broker, args)
@@ -166,7 +176,8 @@ def main() -> None:
         + (f" --rabbitmq {args.rabbitmq}" if args.rabbitmq else "")
         + "".join(f" --broker-conf {line!r}" for line in args.broker_conf)
         + (f" --broker-advanced {args.broker_advanced!r}" if args.broker_advanced else "")
-        + (" --default-wal" if args.default_wal else ""),
+        + (" --default-wal" if args.default_wal else "")
+        + (" --broker-in-memory" if args.broker_in_memory else ""),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{args.which}-{stamp.replace(':', '')}.json"

@@ -16,6 +16,8 @@ from pathlib import Path
 from bandgate.ops.local_broker import QUORUM_WAL_MAX_SIZE_BYTES, LocalBroker, configured_root
 from tools.broker_roots import root_for
 
+MEMORY = "/dev/shm"  # tmpfs on Linux
+
 
 @dataclass
 class BenchBroker:
@@ -30,17 +32,24 @@ def bench_broker(
     settings: tuple[str, ...] = (),
     advanced: str = "",
     default_wal: bool = False,
+    in_memory: bool = False,
 ) -> Iterator[BenchBroker]:
     """`BANDGATE_BENCH_AMQP_URL`, or a private node: of `version` (3.10, 4.0, 4.3; from a
     Debian root of `tools.broker_roots`, built when missing) or the installed one, with
     `settings` (rabbitmq.conf lines) and `advanced` (an advanced.config term) added; its
-    quorum WAL sized as bandgate's nodes are, or at RabbitMQ's default with `default_wal`."""
+    quorum WAL sized as bandgate's nodes are, or at RabbitMQ's default with `default_wal`;
+    its data in `MEMORY` with `in_memory`: a quorum queue delivers a message once its WAL
+    write is synced, and this machine's disk stalls writes for 0.3-0.6 s now and then, which
+    every message published meanwhile waits out (docs/benchmarks.md)."""
     url = os.environ.get("BANDGATE_BENCH_AMQP_URL")
     if url:
         yield BenchBroker(url, None)
         return
     root = root_for(version) if version else configured_root()
-    with tempfile.TemporaryDirectory(prefix="bandgate-bench-") as tmp:
+    where = MEMORY if in_memory else None
+    if where is not None and not Path(where).is_dir():
+        raise RuntimeError(f"no {where} here for a broker in memory")
+    with tempfile.TemporaryDirectory(prefix="bandgate-bench-", dir=where) as tmp:
         # The consistent-hash exchange is what sharded bands route with (`python -m bench native`).
         plugins = ("rabbitmq_consistent_hash_exchange",)
         node = LocalBroker(
