@@ -46,10 +46,11 @@ def bench_broker(
         yield BenchBroker(url, None)
         return
     root = root_for(version) if version else configured_root()
-    where = MEMORY if in_memory else None
-    if where is not None and not Path(where).is_dir():
-        raise RuntimeError(f"no {where} here for a broker in memory")
-    with tempfile.TemporaryDirectory(prefix="bandgate-bench-", dir=where) as tmp:
+    if in_memory and not Path(MEMORY).is_dir():
+        raise RuntimeError(f"no {MEMORY} here for a broker in memory")
+    with tempfile.TemporaryDirectory(
+        prefix="bandgate-bench-", dir=MEMORY if in_memory else None
+    ) as tmp:
         # The consistent-hash exchange is what sharded bands route with (`python -m bench native`).
         plugins = ("rabbitmq_consistent_hash_exchange",)
         node = LocalBroker(

@@ -338,8 +338,9 @@ def pooled(runs: dict[tuple[str, str], list[dict[str, Any]]]) -> dict[str, Any]:
     A run has about `HOT_RATE * (WARMUP + SECONDS)` hot messages, of which those after
     `WARMUP` count (600 by default): its p99 is its sixth slowest, and a round's ratio swings
     both ways by more than the 10 % asked. Pooled, the p99 of four rounds is the 24th slowest
-    of 2,400. How far that still is from settling 10 % says the interval: the 5th and 95th
-    percentiles of the ratio over `RESAMPLES` resamplings of each run's hot messages."""
+    of 2,400. The interval (the 5th and 95th percentiles of the ratio over `RESAMPLES`
+    resamplings of each run's hot messages) says what sampling within the runs leaves open;
+    the swing between runs, often larger, shows in the rounds' ratios, not in it."""
     flood = {name: [run[HOT_DWELL] for run in runs["flood", name]] for name in CONTENDERS}
     p99 = {name: pooled_p99(done) for name, done in flood.items()}
     low, high = ratio_interval(flood["fair"], flood["fairness off"])
@@ -366,7 +367,7 @@ def ratio_interval(
     runs: list[list[float]], base: list[list[float]], seed: int = 33
 ) -> tuple[float, float]:
     """The 5th and 95th percentiles of pooled p99 `runs` / `base`, each run's messages drawn
-    again with replacement (a run stays a run: the rounds' machines differ)."""
+    again with replacement; the runs themselves are kept, so their swing is left out."""
     chance = random.Random(seed)
 
     def again(done: list[list[float]]) -> list[list[float]]:
