@@ -639,11 +639,8 @@ class ConsumerRunner:
 
     def takers_waiting(self, count: int) -> None:
         """The headroom's slots are the messages running and these `count` takers waiting for
-        one, not the concurrency (`bandgate.consumers.scheduling`, Headroom)."""
-        headroom = self.dispatcher.headroom
-        if headroom is not None:
-            headroom.takers_waiting(count)
-            self.dispatcher.reconsider()  # a held-back cold message may go now
+        one, not the concurrency (`bandgate.consumers.scheduling`, Headroom and Noisy lane)."""
+        self.dispatcher.takers_waiting(count)
 
     async def pause(self, *, give_back_held: bool) -> None:
         """Stop deliveries (competing consumers only); with `give_back_held`, give back what

@@ -439,10 +439,12 @@ def start_quiet(dispatcher: Dispatcher[Item], count: int) -> list[Item]:
     return quiet
 
 
-def quiet_load(dispatcher: Dispatcher[Item], clock: Tick, running: int) -> int:
+def quiet_load(
+    dispatcher: Dispatcher[Item], clock: Tick, running: int, spread: float = scheduling.LANE_SPREAD
+) -> int:
     """Quiet tenants held 8 slots for a while; `running` of them still run, and one more
-    arrived and started: the pool is 8 slots and its margin (`LANE_SPREAD`), the slots it
-    leaves free."""
+    arrived and started: the pool is 8 slots and its margin (`spread` standard deviations),
+    the slots it leaves free."""
     quiet = start_quiet(dispatcher, 8)
     clock.now += 10 * scheduling.AVERAGE_SECONDS
     for item in quiet[running:]:
@@ -450,7 +452,7 @@ def quiet_load(dispatcher: Dispatcher[Item], clock: Tick, running: int) -> int:
     dispatcher.put(1, Item("arrival", 0))  # an arrival lately: the pool applies
     assert dispatcher.take_nowait() is not None
     clock.now += 0.01
-    pool = math.ceil(8 + scheduling.LANE_SPREAD * math.sqrt(8))
+    pool = math.ceil(8 + spread * math.sqrt(8))
     return max(scheduling.LANE_KEEPS, pool - running - 1)
 
 
@@ -492,19 +494,21 @@ def test_without_quiet_arrivals_the_lane_takes_every_slot() -> None:
 def test_the_pool_holds_where_the_slots_are_receives_waiting() -> None:
     """HTTP receivers: the slots are the leases and the receives waiting (`takers_waiting`),
     not the concurrency (the lease limit). The lane leaves receives waiting for the band's own
-    queue, as a worker leaves slots free."""
+    queue, as a worker leaves slots free, with the takers' wider margin: 9 of the 11 waiting
+    where a worker's pool would keep 5."""
     clock = Tick()
     room = Headroom(256, idle_after=0.5, clock=clock)
     dispatcher = fair_dispatcher(256, clock, headroom=room)
-    room.takers_waiting(16 - 8)
-    kept = quiet_load(dispatcher, clock, running=4)
-    room.takers_waiting(16 - 5)  # 16 receive loops: 5 hold a lease, 11 wait
+    dispatcher.takers_waiting(16 - 8)
+    kept = quiet_load(dispatcher, clock, running=4, spread=scheduling.TAKERS_LANE_SPREAD)
+    assert kept == 9  # ceil(8 + 2.0 sqrt(8)) - 5; a worker's pool: ceil(8 + 0.5 sqrt(8)) - 5 = 5
+    dispatcher.takers_waiting(16 - 5)  # 16 receive loops: 5 hold a lease, 11 wait
     for index in range(50):
         dispatcher.put(1, Item(f"flood{index}", 1))
     started = 0
     while dispatcher.take_nowait() is not None:
         started += 1
-        room.takers_waiting(16 - 5 - started)
+        dispatcher.takers_waiting(16 - 5 - started)
     assert room.slots(dispatcher.running) == 16
     assert 16 - 5 - kept <= started <= 16 - 5 - kept + 1
 
