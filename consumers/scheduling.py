@@ -271,12 +271,8 @@ LANE_KEEPS = 1  # slots the lane leaves free for the band's own queue, at the le
 # a standard deviation of it (square-root staffing). Without the margin, on a fast machine the
 # quiet tenants' p99 under a flood was 2.0-2.5 times their calm p99 ("Noisy lane").
 LANE_SPREAD = 0.5
-# The margin where the slots are takers that come and go (HTTP receivers): the pool follows
-# the leases the quiet tenants hold, and a loop between its ack and its next receive holds
-# none, so their load reads low; and a burst of their messages finds only the receives
-# waiting right then. With 16 HTTP loops (`python -m bench tenants --only http`, warm
-# gateways, four flood rounds each): quiet p99 under the flood 22-62 ms (median 26) at 2.0,
-# 26-90 ms (median 50) at 0.5, 39-80 ms at 1.0; the flood drained at 0.96 of 0.5's.
+# The margin where the slots are takers that come and go (HTTP receivers), whose quiet load
+# reads low ("Noisy lane"; the runs behind 2.0: bench/RESULTS.md, 2026-11-27 14:27 UTC).
 TAKERS_LANE_SPREAD = 2.0
 
 
@@ -452,12 +448,12 @@ class QuietPool(HeldLoad):
     they do not hold now, and `LANE_KEEPS` at the least. `restart` when the band's own queue
     is busy again after an idle spell: the idle spell says nothing of the load that comes."""
 
+    spread = LANE_SPREAD  # standard deviations of margin (`TAKERS_LANE_SPREAD` for takers)
+
     @property
     def idle(self) -> bool:
         """No message of the band's own queue runs."""
         return not self.held
-
-    spread = LANE_SPREAD  # standard deviations of margin (`TAKERS_LANE_SPREAD` for takers)
 
     def size(self) -> int:
         """The pool: the slots the band's own queue keeps from the lane, held or free."""
