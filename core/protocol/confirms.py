@@ -18,7 +18,6 @@ pins the same), and the publisher's integration tests cover every outcome agains
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -203,19 +202,25 @@ class ChannelSet:
         self._factory = factory
         self._channels: list[AbstractChannel | None] = [None] * size
         self._pipelines: list[ConfirmPipeline | None] = [None] * size
-        self._turn = itertools.cycle(range(size))
+        self._next = 0  # the slot whose turn it is
         self._locks = [asyncio.Lock() for _ in range(size)]
 
     def ready(self) -> ConfirmPipeline | None:
-        """The next slot's pipeline when it is open: the common case, with no await."""
-        pipeline = self._pipelines[next(self._turn)]
+        """The next slot's pipeline when it is open: the common case, with no await. When it
+        is not, the turn stays with that slot, so that `get` opens it: were the turn passed
+        on, `ready` and `get` would take alternate slots, and `ready` would find unopened
+        ones for good (it did, until 2026-11-27: every publish took `get`'s slow path)."""
+        index = self._next
+        pipeline = self._pipelines[index]
         if pipeline is None or pipeline.is_closed:
             return None
+        self._next = (index + 1) % len(self._pipelines)
         return pipeline
 
     async def get(self) -> ConfirmPipeline:
         """The next slot's pipeline, opening a channel or following a reconnect as needed."""
-        index = next(self._turn)
+        index = self._next
+        self._next = (index + 1) % len(self._pipelines)
         pipeline = self._pipelines[index]
         if pipeline is not None and not pipeline.is_closed:
             return pipeline

@@ -134,3 +134,18 @@ async def test_a_message_id_is_required_to_match_returns(
     pipeline = await pipeline_on(amqp)
     with pytest.raises(ValueError, match="message_id"):
         pipeline.publish(topology.exchange, "orders.8", b"x", aiormq.spec.Basic.Properties())
+
+
+async def test_the_set_opens_every_slot_then_serves_them_in_turn_without_waiting(
+    amqp: AbstractRobustConnection,
+) -> None:
+    # The publisher's way in: `ready()`, and `get()` only when the slot is not open yet.
+    channels = ChannelSet(confirm_channel_factory(amqp), size=4)
+    opened = []
+    for _ in range(4):
+        assert channels.ready() is None
+        opened.append(await channels.get())
+    assert len({id(pipeline) for pipeline in opened}) == 4
+    served = [channels.ready() for _ in range(8)]
+    assert served == opened + opened
+    await channels.close()
