@@ -4,7 +4,9 @@ Raw: one confirm channel, `WINDOW` publishes in flight. Gateway: a gateway proce
 one worker) saturated by wrk (a separate process; `apt-get install wrk`) with `WINDOW`
 connections, one message per request, then 100 per batch request; and one message per request
 to a gateway of two processes (`BANDGATE_WORKERS=2`), whether a second process pays on a
-machine of two cores shared with the broker and wrk (issue 35). Latency is measured with
+machine of two cores shared with the broker and wrk (issue 35); and the floor under the
+gateway (`bench.publish_floor`): plain uvicorn with the publishing core alone, and uvicorn
+with no publish, the same wrk load and CPU accounting, no latency run. Latency is measured with
 an async HTTP client at half of each one's own maximum rate (python-side HTTP clients cannot
 saturate the gateway: httpx tops out far below it).
 """
@@ -17,19 +19,22 @@ import re
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import aio_pika
 import httpx
 import orjson
 
+from bandgate.ops.local_broker import free_port
 from bandgate.topology import naming
 from bandgate.topology.declare import apply_topology, broker_version
 from bandgate.topology.loader import load_topology
-from bench.environment import BenchBroker, cpu_seconds
+from bench.environment import BenchBroker, cpu_seconds, wait_for_quiet
 from bench.http_client import RawHttp
 from bench.rounds import ROUNDS, median_run, paired_ratios, with_median
 from bench.stage import gateway_process
@@ -135,18 +140,26 @@ def run_publish(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
     (`rate_runs`: every run's), the ratio is the median of the rounds' ratios
     (`ratio_runs`), and p50/p99 are the medians of the runs' (`p99_ms_runs`: every run's)."""
     runs: dict[str, list[dict[str, Any]]] = {}
-    with gateway_process(broker) as one, gateway_process(broker, workers=2) as two:
+    with (
+        gateway_process(broker) as one,
+        gateway_process(broker, workers=2) as two,
+        floor_process(broker, publish=True) as floor,
+        floor_process(broker, publish=False) as server_only,
+    ):
+        # Every contender started and connected before the first round: their start-up
+        # (imports, connecting) took CPU from the first raw run and lifted round 0's ratios.
+        for port, _ in (one, two, floor, server_only):
+            asyncio.run(_wait_ready(port))
+        wait_for_quiet()
         for _ in range(ROUNDS):
             rows = asyncio.run(_raw(broker, messages))
             rows += asyncio.run(_through_gateway(broker, *one))
             rows += asyncio.run(_through_gateway(broker, *two, processes=2))
+            rows.append(asyncio.run(_floor(broker, *floor, FLOOR)))
+            rows.append(asyncio.run(_floor(broker, *server_only, SERVER_ONLY)))
             for row in rows:
                 runs.setdefault(row["name"], []).append(row)
-    # Latency is its own median over the runs: a broker stall decides one run's p99.
-    medians = [
-        with_median(with_median(median_run(done, "rate"), done, "p50_ms"), done, "p99_ms")
-        for done in runs.values()
-    ]
+    medians = [_median_row(done) for done in runs.values()]
     ratios = paired_ratios(runs, medians[0]["name"])
     return [
         {
@@ -158,6 +171,58 @@ def run_publish(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
         }
         for m in medians
     ]
+
+
+def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median-rate run, with latency as its own median over the runs (a broker stall
+    decides one run's p99); the floor rows have no latency."""
+    row = median_run(runs, "rate")
+    for key in ("p50_ms", "p99_ms"):
+        if key in row:
+            row = with_median(row, runs, key)
+    return row
+
+
+FLOOR = "floor: uvicorn + publishing core, 1 message/request"
+SERVER_ONLY = "floor: uvicorn, no publish"
+
+
+@contextmanager
+def floor_process(broker: BenchBroker, publish: bool) -> Iterator[tuple[int, int]]:
+    """`bench.publish_floor` under plain uvicorn on a free port: port and pid."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "BANDGATE_AMQP_URL": broker.amqp_url,
+        "BANDGATE_BENCH_FLOOR_PUBLISH": "true" if publish else "false",
+    }
+    command = [sys.executable, "-m", "uvicorn", "bench.publish_floor:app", "--port", str(port)]
+    command += ["--no-access-log", "--log-level", "warning"]
+    process = subprocess.Popen(command, env=env)
+    try:
+        yield port, process.pid
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+async def _floor(broker: BenchBroker, port: int, pid: int, name: str) -> dict[str, Any]:
+    """The floor's rate and CPU per request under the single-message wrk load."""
+    topology = load_topology()
+    await _wait_ready(port)
+    url = f"http://127.0.0.1:{port}/v1/queues/orders/messages"
+    await asyncio.to_thread(_wrk, url, SINGLE_BODY, WINDOW, 1)  # warm-up
+    cpu0 = cpu_seconds(pid)
+    rate = await asyncio.to_thread(_wrk, url, SINGLE_BODY, WINDOW)
+    cpu = cpu_seconds(pid) - cpu0
+    queues = [naming.band_queue("orders", band.name) for band in topology.queue("orders").bands]
+    await _purge(broker.amqp_url, queues)
+    return {
+        "name": name,
+        "rate": rate,
+        "gateway_cpu_s": cpu,
+        "gateway_us_per_msg": cpu / (rate * WRK_SECONDS) * 1e6,
+    }
 
 
 async def _raw(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
