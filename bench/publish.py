@@ -37,7 +37,7 @@ from bandgate.topology.loader import load_topology
 from bench.environment import BenchBroker, cpu_seconds, wait_for_quiet
 from bench.http_client import RawHttp
 from bench.rounds import ROUNDS, median_run, paired_ratios, with_median
-from bench.stage import gateway_process
+from bench.stage import gateway_process, server_process
 
 WINDOW = 64
 BATCH = 100
@@ -198,12 +198,8 @@ def floor_process(broker: BenchBroker, publish: bool) -> Iterator[tuple[int, int
     }
     command = [sys.executable, "-m", "uvicorn", "bench.publish_floor:app", "--port", str(port)]
     command += ["--no-access-log", "--log-level", "warning"]
-    process = subprocess.Popen(command, env=env)
-    try:
-        yield port, process.pid
-    finally:
-        process.terminate()
-        process.wait(10)
+    with server_process(command, env) as pid:
+        yield port, pid
 
 
 async def _floor(broker: BenchBroker, port: int, pid: int, name: str) -> dict[str, Any]:

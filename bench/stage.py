@@ -80,9 +80,16 @@ def gateway_process(
         "BANDGATE_WORKERS": str(workers),
     }
     command = [sys.executable, "-c", "from bandgate.ops.cli import main; main()", "gateway"]
+    with server_process(command, env) as pid:
+        yield port, pid
+
+
+@contextmanager
+def server_process(command: list[str], env: Mapping[str, str]) -> Iterator[int]:
+    """`command` running with `env` until the block ends (then terminated): its pid."""
     process = subprocess.Popen(command, env=env)
     try:
-        yield port, process.pid
+        yield process.pid
     finally:
         process.terminate()
         process.wait(10)
