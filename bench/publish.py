@@ -34,6 +34,7 @@ from bandgate.ops.local_broker import free_port
 from bandgate.topology import naming
 from bandgate.topology.declare import apply_topology, broker_version
 from bandgate.topology.loader import load_topology
+from bandgate.topology.model import Topology
 from bench.environment import BenchBroker, cpu_seconds, wait_for_quiet
 from bench.http_client import RawHttp
 from bench.rounds import ROUNDS, median_run, paired_ratios, with_median
@@ -204,15 +205,12 @@ def floor_process(broker: BenchBroker, publish: bool) -> Iterator[tuple[int, int
 
 async def _floor(broker: BenchBroker, port: int, pid: int, name: str) -> dict[str, Any]:
     """The floor's rate and CPU per request under the single-message wrk load."""
-    topology = load_topology()
-    await _wait_ready(port)
     url = f"http://127.0.0.1:{port}/v1/queues/orders/messages"
     await asyncio.to_thread(_wrk, url, SINGLE_BODY, WINDOW, 1)  # warm-up
     cpu0 = cpu_seconds(pid)
     rate = await asyncio.to_thread(_wrk, url, SINGLE_BODY, WINDOW)
     cpu = cpu_seconds(pid) - cpu0
-    queues = [naming.band_queue("orders", band.name) for band in topology.queue("orders").bands]
-    await _purge(broker.amqp_url, queues)
+    await _purge(broker.amqp_url, _order_bands())
     return {
         "name": name,
         "rate": rate,
@@ -223,7 +221,7 @@ async def _floor(broker: BenchBroker, port: int, pid: int, name: str) -> dict[st
 
 async def _raw(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
     topology = load_topology()
-    queues = [naming.band_queue("orders", band.name) for band in topology.queue("orders").bands]
+    queues = _order_bands(topology)
     connection = await aio_pika.connect(broker.amqp_url)
     await apply_topology(connection, topology)
     broker.version = broker_version(connection)
@@ -264,9 +262,7 @@ async def _through_gateway(
     broker: BenchBroker, port: int, gateway_pid: int, processes: int = 1
 ) -> list[dict[str, Any]]:
     """The single-message row, and with one process the batch row too."""
-    topology = load_topology()
-    queues = [naming.band_queue("orders", band.name) for band in topology.queue("orders").bands]
-    await _wait_ready(port)
+    queues = _order_bands()
     raw_http = RawHttp("127.0.0.1", port, WINDOW)
     await raw_http.open()
     try:
@@ -278,6 +274,12 @@ async def _through_gateway(
     finally:
         await raw_http.close()
     return rows
+
+
+def _order_bands(topology: Topology | None = None) -> list[str]:
+    """The band queues of `orders`, which every contender publishes to and each run purges."""
+    spec = (topology or load_topology()).queue("orders")
+    return [naming.band_queue("orders", band.name) for band in spec.bands]
 
 
 async def _wait_ready(port: int) -> None:
