@@ -5,7 +5,8 @@ and loudly, not as a silent fallback or a wrong confirm under load.
 What each range covers (pyproject.toml pins the same ranges;
 tests/unit/test_protocol_compat.py checks they agree):
 - aiormq: `core.protocol.confirms` writes its channel's confirm bookkeeping (`delivery_tag`,
-  `confirmations`, `message_id_delivery_tag`, `write_queue`); `core.broker` reads a
+  `confirmations`, `message_id_delivery_tag`, `write_queue`) and answers its confirm frames
+  in place of `_on_confirm_frame` (`take_confirms`); `core.broker` reads a
   connection's unblocked event and the worker's acks a channel's close event, both
   name-mangled privates, read here only (`unblocked_event`, `close_event`).
 - pamqp: `core.protocol.frames` decodes frames itself and reads pamqp's frame and header internals.
@@ -21,9 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+ConfirmHandler = Callable[[Any], Awaitable[None]]
 
 
 class IncompatibleLibrary(ImportError):
@@ -99,6 +104,16 @@ def unblocked_event(connection: object) -> asyncio.Event:
     event = getattr(connection, "_Connection__connection_unblocked")  # noqa: B009 - mangled name
     assert isinstance(event, asyncio.Event)
     return event
+
+
+def take_confirms(channel: object, handler: ConfirmHandler) -> ConfirmHandler:
+    """Have an aiormq channel's reader hand its Basic.Ack and Basic.Nack frames to `handler`
+    instead of its own `_on_confirm_frame`, which the reader looks up on every such frame.
+    Returns aiormq's own handler, for confirms that are not `handler`'s. AttributeError if
+    aiormq renamed it."""
+    own: ConfirmHandler = getattr(channel, "_on_confirm_frame")  # noqa: B009 - private
+    setattr(channel, "_on_confirm_frame", handler)  # noqa: B010 - private
+    return own
 
 
 def close_event(channel: object) -> asyncio.Event:

@@ -11,7 +11,12 @@ import aiormq
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from bandgate.core.protocol.confirms import ChannelSet, ConfirmPipeline, confirm_channel_factory
+from bandgate.core.protocol.confirms import (
+    ChannelSet,
+    ConfirmPipeline,
+    NotSent,
+    confirm_channel_factory,
+)
 from bandgate.topology import naming, wire
 from bandgate.topology.declare import apply_topology
 from bandgate.topology.model import Topology
@@ -119,10 +124,13 @@ async def test_a_channel_the_broker_closes_fails_its_publishes_and_is_replaced(
     ]
     outcomes = await asyncio.gather(*doomed, return_exceptions=True)
     assert all(isinstance(o, aiormq.exceptions.ChannelNotFoundEntity) for o in outcomes)
+    assert pipeline.channel.confirmations == {}
+    key = naming.routing_key("orders", 8)
+    with pytest.raises(NotSent, match="NOT_FOUND"):  # the close reason, and nothing written
+        await pipeline.publish(topology.exchange, key, b"late", properties())
     assert channels.ready() is None
     fresh = await channels.get()
     assert fresh is not pipeline
-    key = naming.routing_key("orders", 8)
     assert isinstance(
         await fresh.publish(topology.exchange, key, b"ok", properties()), aiormq.spec.Basic.Ack
     )
