@@ -56,7 +56,7 @@ class BrokerLink:
         topology: Topology,
         *,
         connection_name: str = naming.GATEWAY_CONNECTION,
-        channel_pool_size: int = 4,
+        channel_pool_size: int = 1,
         confirm_timeout: float = 5.0,
         declare_topology: bool = True,
         management_url: str | None = None,

@@ -26,7 +26,12 @@ class GatewaySettings(BrokerSettings):
         default=MAX_BODY_BYTES, gt=0, description="larger bodies get 413 (the producer's too)"
     )
     max_batch_messages: int = Field(default=100, ge=1, description="larger batches get 413")
-    channel_pool_size: int = Field(default=4, ge=1, description="confirm channels shared")
+    channel_pool_size: int = Field(
+        default=1,
+        ge=1,
+        description="confirm channels a process publishes on, taking turns a loop turn each; "
+        "one beat four here (docs/benchmarks.md)",
+    )
     declare_topology: bool = Field(
         default=True, description="apply the topology on connect (idempotent)"
     )

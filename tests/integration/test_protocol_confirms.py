@@ -157,3 +157,28 @@ async def test_the_set_opens_every_slot_then_serves_them_in_turn_without_waiting
     served = [channels.ready() for _ in range(8)]
     assert served == opened + opened
     await channels.close()
+
+
+async def test_one_loop_turns_publishes_share_a_channel_and_the_next_turn_takes_the_next(
+    amqp: AbstractRobustConnection, topology: Topology
+) -> None:
+    # One channel per turn: the turn's publishes leave in one socket write.
+    await apply_topology(amqp, topology)
+    channels = ChannelSet(confirm_channel_factory(amqp), size=2)
+    for _ in range(2):
+        assert channels.ready() is None
+        await channels.get()
+    key = naming.routing_key("orders", 8)
+    first = channels.ready()
+    assert first is not None
+    confirmation = first.publish(topology.exchange, key, b"a", properties())
+    assert first.filling
+    same_turn = [channels.ready() for _ in range(3)]
+    assert same_turn == [first, first, first]
+    assert isinstance(await confirmation, aiormq.spec.Basic.Ack)  # the turn has ended
+    assert not first.filling
+    second = channels.ready()
+    assert second is not None
+    assert second is not first
+    assert channels.ready() is first  # nothing published on the second: its turn ended too
+    await channels.close()
