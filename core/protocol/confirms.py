@@ -260,8 +260,8 @@ class ChannelSet:
     there is no exclusive checkout. Every publish of one loop turn goes to the same channel,
     so that they leave in one socket write, and the next turn's to the next channel: dealt
     one publish at a time, a turn's publishes took a write per channel (the gateway's single
-    publishes on four channels ran at 0.79 of one channel's rate on RabbitMQ 3.10.8, 0.91 on
-    4.3.6; a turn at a time, 0.88 and 0.99: docs/benchmarks.md). A channel the broker closed
+    publishes on four channels ran at 0.80 of one channel's rate on RabbitMQ 3.10.8, 0.93 on
+    4.3.6; a turn at a time, 0.86 and 0.99: docs/benchmarks.md). A channel the broker closed
     is replaced on next use; a robust channel that reconnected gets a pipeline on its new
     underlying channel.
     """
