@@ -104,6 +104,24 @@ def test_a_closing_channel_is_read_from_the_real_aiormq() -> None:
     assert compat.close_event(channel).is_set()
 
 
+async def test_a_channels_confirms_are_taken_where_the_real_aiormq_reads_them() -> None:
+    """`core.protocol.confirms` answers a channel's Basic.Ack and Basic.Nack itself: the
+    installed release's channel reader looks `_on_confirm_frame` up on the channel for each
+    such frame, and `take_confirms` puts the handler there and hands back aiormq's own."""
+    assert "_on_confirm_frame" in aiormq.Channel._reader.__code__.co_names
+    channel = aiormq.Channel.__new__(aiormq.Channel)
+    seen: list[object] = []
+
+    async def handler(frame: object) -> None:
+        seen.append(frame)
+
+    own = compat.take_confirms(channel, handler)
+    assert own.__func__ is aiormq.Channel._on_confirm_frame  # type: ignore[attr-defined]
+    ack = aiormq.spec.Basic.Ack(delivery_tag=1)
+    await channel._on_confirm_frame(ack)
+    assert seen == [ack]
+
+
 PRODUCT = ("topology", "core", "gateway", "consumers", "pull", "ops", "testing")
 PROTOCOL_HOME = ROOT / "core" / "protocol"
 # The one adapter outside the home: it needs uvicorn, which a worker's install lacks.
