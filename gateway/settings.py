@@ -16,8 +16,8 @@ class GatewaySettings(BrokerSettings):
         default=1,
         ge=1,
         description="uvicorn worker processes; every per-token budget and rate limit is "
-        "counted per process. On 2 cores shared with the broker, 2 processes published 16-24 % "
-        "more single messages per second than one (docs/benchmarks.md)",
+        "counted per process. On 2 cores shared with the broker, 2 processes published 5 % "
+        "fewer to 25 % more single messages per second than one (docs/benchmarks.md)",
     )
     publish_timeout_seconds: float = Field(
         default=5.0, gt=0, description="how long to wait for the broker's confirm before a 503"
