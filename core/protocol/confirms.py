@@ -9,9 +9,9 @@ broker counts publishes in the order it reads them) and hands their frames to th
 connection's writer as one payload.
 
 The pipeline answers its own confirms. aiormq makes each confirm future through its future
-stores (the channel's and the connection's: five done callbacks per future) and answers a
+stores (the channel's and the connection's: three done callbacks per future) and answers a
 multiple ack by scanning every pending confirm and scheduling a callback per tag; together
-with the callback that forgot each message id, that was a quarter of the publishing core's
+with the callback that forgot each message id, that was a fifth of the publishing core's
 CPU per message in a batch (py-spy, 2026-11-27). Here a confirm is a plain future, kept in
 publish order, and one ack frame settles its messages in one pass; the channel's close fails
 those still waiting with the close reason, as aiormq's store would.
