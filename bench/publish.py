@@ -6,14 +6,19 @@ connections, one message per request, then 100 per batch request; and one messag
 to a gateway of two processes (`BANDGATE_WORKERS=2`), whether a second process pays on a
 machine of two cores shared with the broker and wrk (issue 35); and the floor under the
 gateway (`bench.publish_floor`): plain uvicorn with the publishing core alone, and uvicorn
-with no publish, the same wrk load and CPU accounting, no latency run. Latency is measured with
+with no publish, the same wrk load and CPU accounting, no latency run; and the same two floors
+under granian (its ASGI interface, one worker, uvloop) when it is installed (the `bench` extra):
+whether a server written in Rust would lower the floor that uvicorn sets. Latency is measured with
 an async HTTP client at half of each one's own maximum rate (python-side HTTP clients cannot
-saturate the gateway: httpx tops out far below it).
+saturate the gateway: httpx tops out far below it); and the gateway's publishing core alone,
+in this process with no HTTP, paced at the gateway's half rate: latency only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib.util
 import os
 import re
 import shutil
@@ -30,11 +35,13 @@ import aio_pika
 import httpx
 import orjson
 
+from bandgate.core.broker import BrokerLink
 from bandgate.ops.local_broker import free_port
 from bandgate.topology import naming
 from bandgate.topology.declare import apply_topology, broker_version
 from bandgate.topology.loader import load_topology
 from bandgate.topology.model import Topology
+from bandgate.topology.publish_input import envelope_for
 from bench.environment import BenchBroker, cpu_seconds, wait_for_quiet
 from bench.http_client import RawHttp
 from bench.rounds import ROUNDS, median_run, paired_ratios, with_median
@@ -141,23 +148,24 @@ def run_publish(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
     (`rate_runs`: every run's), the ratio is the median of the rounds' ratios
     (`ratio_runs`), and p50/p99 are the medians of the runs' (`p99_ms_runs`: every run's)."""
     runs: dict[str, list[dict[str, Any]]] = {}
-    with (
-        gateway_process(broker) as one,
-        gateway_process(broker, workers=2) as two,
-        floor_process(broker, publish=True) as floor,
-        floor_process(broker, publish=False) as server_only,
-    ):
+    with contextlib.ExitStack() as stack:
+        one = stack.enter_context(gateway_process(broker))
+        two = stack.enter_context(gateway_process(broker, workers=2))
+        floors = {
+            name: stack.enter_context(floor_process(broker, publish, server))
+            for name, (server, publish) in FLOORS.items()
+            if server == "uvicorn" or GRANIAN
+        }
         # Every contender started and connected before the first round: their start-up
         # (imports, connecting) took CPU from the first raw run and lifted round 0's ratios.
-        for port, _ in (one, two, floor, server_only):
+        for port, _ in (one, two, *floors.values()):
             asyncio.run(_wait_ready(port))
         wait_for_quiet()
         for _ in range(ROUNDS):
             rows = asyncio.run(_raw(broker, messages))
             rows += asyncio.run(_through_gateway(broker, *one))
             rows += asyncio.run(_through_gateway(broker, *two, processes=2))
-            rows.append(asyncio.run(_floor(broker, *floor, FLOOR)))
-            rows.append(asyncio.run(_floor(broker, *server_only, SERVER_ONLY)))
+            rows += [asyncio.run(_floor(broker, *at, name)) for name, at in floors.items()]
             for row in rows:
                 runs.setdefault(row["name"], []).append(row)
     medians = [_median_row(done) for done in runs.values()]
@@ -186,18 +194,32 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 FLOOR = "floor: uvicorn + publishing core, 1 message/request"
 SERVER_ONLY = "floor: uvicorn, no publish"
+# name: (server, publish)
+FLOORS = {
+    FLOOR: ("uvicorn", True),
+    SERVER_ONLY: ("uvicorn", False),
+    "floor: granian (ASGI) + publishing core, 1 message/request": ("granian", True),
+    "floor: granian (ASGI), no publish": ("granian", False),
+}
+GRANIAN = importlib.util.find_spec("granian") is not None
 
 
 @contextmanager
-def floor_process(broker: BenchBroker, publish: bool) -> Iterator[tuple[int, int]]:
-    """`bench.publish_floor` under plain uvicorn on a free port: port and pid."""
+def floor_process(
+    broker: BenchBroker, publish: bool, server: str = "uvicorn"
+) -> Iterator[tuple[int, int]]:
+    """`bench.publish_floor` on a free port under plain uvicorn (httptools and uvloop, as
+    it picks them) or granian (one worker, uvloop): port and pid (granian's supervisor, whose
+    CPU counts its worker's)."""
     port = free_port()
     env = {
         **os.environ,
         "BANDGATE_AMQP_URL": broker.amqp_url,
         "BANDGATE_BENCH_FLOOR_PUBLISH": "true" if publish else "false",
     }
-    command = [sys.executable, "-m", "uvicorn", "bench.publish_floor:app", "--port", str(port)]
+    command = [sys.executable, "-m", server, "bench.publish_floor:app", "--port", str(port)]
+    if server == "granian":
+        command += ["--interface", "asgi", "--workers", "1", "--loop", "uvloop", "--no-ws"]
     command += ["--no-access-log", "--log-level", "warning"]
     with server_process(command, env) as pid:
         yield port, pid
@@ -269,6 +291,8 @@ async def _through_gateway(
         rows = [await _single(broker, port, gateway_pid, raw_http, processes)]
         await _purge(broker.amqp_url, queues)
         if processes == 1:
+            rows.append(await _core_paced(broker, rows[0]["rate"] / 2))
+            await _purge(broker.amqp_url, queues)
             rows.append(await _batch(port, gateway_pid, raw_http))
             await _purge(broker.amqp_url, queues)
     finally:
@@ -320,6 +344,29 @@ async def _single(
         "gateway_us_per_msg": gw_cpu / (single_rate * WRK_SECONDS) * 1e6,
         **single_lat,
     }
+
+
+CORE_PACED = "publishing core alone, no HTTP, at the gateway's half rate (latency only)"
+
+
+async def _core_paced(broker: BenchBroker, rate: float) -> dict[str, Any]:
+    """The gateway's publishing core (`BrokerLink`, the same confirm channel and input rules)
+    in this process, paced as the gateway's latency run was: what the gateway's p50 and p99
+    owe to HTTP and the event loop it shares with it, and what to the broker."""
+    topology = load_topology()
+    spec = topology.queue("orders")
+    link = BrokerLink(broker.amqp_url, topology, declare_topology=False)
+    await link.start(wait=30)
+
+    async def core_send() -> None:
+        await link.publisher.publish(envelope_for(topology, spec, PAYLOAD, priority=8))
+
+    try:
+        await _saturate(core_send, 300, WINDOW)  # warm-up
+        latency = _percentiles(await _paced(core_send, rate, 3.0))
+    finally:
+        await link.close()
+    return {"name": CORE_PACED, "rate": rate, **latency}
 
 
 async def _batch(port: int, gateway_pid: int, raw_http: RawHttp) -> dict[str, Any]:
