@@ -48,7 +48,8 @@ unit: setup
 test: setup broker lint docs
 	$(PYTEST)
 
-# The priority benchmark's peers (Celery, Dramatiq, psycopg) and its plot: an optional extra.
+# The priority benchmark's peers (Celery, Dramatiq, psycopg), its plot, and granian for bench
+# publish's floor: an optional extra.
 bench-setup: setup
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 
