@@ -36,9 +36,12 @@ for HTTP), `repeated` (received again), `left` (ready in the bands afterwards), 
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -46,6 +49,7 @@ import aio_pika
 import httpx
 
 from bandgate.consumers.consumer import DEFAULT_CONCURRENCY
+from bandgate.ops.local_broker import free_port
 from bandgate.topology import naming, wire
 from bandgate.topology.loader import load_topology
 from bench import priority
@@ -53,7 +57,7 @@ from bench.environment import BenchBroker, wait_for_quiet
 from bench.pull_client import PullClient, PullClientConfig
 from bench.raw_amqp import fill
 from bench.rounds import ROUNDS, median_run, paired_ratios
-from bench.stage import QUEUE, gateway_process, reset_bands
+from bench.stage import QUEUE, gateway_process, reset_bands, server_process
 from bench.worker_process import WorkerConfig, WorkerProcess
 
 WARMUP = 1_000
@@ -79,6 +83,10 @@ HTTP_ACKING = f"{HTTP}, ack in receive"
 # The same behind a gateway of two processes (`BANDGATE_WORKERS=2`): one process is CPU-bound
 # in the drain, and the issue asks where more processes per machine pay.
 HTTP_TWO = f"{HTTP_ACKING}, 2 gateway processes"
+# What uvicorn and one AMQP consumer cost with none of the receivers' machinery (issue 35
+# asks the drain at 0.9x the worker: this row shows how much of that the server and the
+# client library leave). One band: the floor consumes the one-band scenario's only.
+FLOOR = f"floor: uvicorn + one aiormq consumer, {RECEIVERS} loops x {MAX_MESSAGES}, ack in receive"
 
 
 class Stage:
@@ -146,12 +154,14 @@ def _drains(stage: Stage, messages: int) -> list[dict[str, Any]]:
         for c in CONCURRENCIES
     }
     acking = replace(http, ack_in_receive=True)
-    clients = {HTTP: (http, 1), HTTP_ACKING: (acking, 1), HTTP_TWO: (acking, 2)}
+    clients = {HTTP: (http, 1), HTTP_ACKING: (acking, 1), HTTP_TWO: (acking, 2), FLOOR: (acking, 0)}
     rows = []
     for scenario, priorities in SCENARIOS:
         runs: dict[str, list[dict[str, Any]]] = {}
         for _ in range(ROUNDS):
             for name in [*clients, *workers]:
+                if name == FLOOR and len(priorities) > 1:
+                    continue
                 _fill(stage, priorities, messages)
                 wait_for_quiet()
                 if name in clients:
@@ -170,15 +180,32 @@ def _drains(stage: Stage, messages: int) -> list[dict[str, Any]]:
 
 
 def _drain_over_http(stage: Stage, config: PullClientConfig, processes: int) -> dict[str, Any]:
-    """A drain through a gateway of its own, of `processes` processes, stopped after it:
-    before RabbitMQ 4.3 a paused receiver keeps what it holds for its next receive, and a
-    shared gateway once held 21 messages of the next run's backlog (the worker waited 300 s
-    for them; where they came from was not found)."""
-    with gateway_process(stage.broker, processes, DRAIN_SETTINGS) as (port, gateway_pid):
+    """A drain through a gateway of its own, of `processes` processes (0: the floor), stopped
+    after it: before RabbitMQ 4.3 a paused receiver keeps what it holds for its next receive,
+    and a shared gateway once held 21 messages of the next run's backlog (the worker waited
+    300 s for them; where they came from was not found)."""
+    server = (
+        gateway_process(stage.broker, processes, DRAIN_SETTINGS)
+        if processes
+        else floor_process(stage.broker)
+    )
+    with server as (port, gateway_pid):
         _wait_ready(port)
         with PullClient(replace(config, port=port, gateway_pid=gateway_pid)) as client:
             record: dict[str, Any] = client.wait(timeout=300)
     return record
+
+
+@contextmanager
+def floor_process(broker: BenchBroker) -> Iterator[tuple[int, int]]:
+    """`bench.pull_floor` on a free port under plain uvicorn (httptools and uvloop, as it
+    picks them), as `bench publish` runs its floor: port and pid."""
+    port = free_port()
+    env = {**os.environ, "BANDGATE_AMQP_URL": broker.amqp_url}
+    command = [sys.executable, "-m", "uvicorn", "bench.pull_floor:app", "--port", str(port)]
+    command += ["--no-access-log", "--log-level", "warning"]
+    with server_process(command, env) as pid:
+        yield port, pid
 
 
 def _fill(stage: Stage, priorities: tuple[int, ...], messages: int) -> None:
