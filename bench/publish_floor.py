@@ -18,32 +18,24 @@ import os
 from typing import Any
 
 import orjson
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Scope
 
 from bandgate.core.broker import BrokerLink
 from bandgate.core.publishing import Published
 from bandgate.gateway.routes import published_body
 from bandgate.topology.loader import load_topology
 from bandgate.topology.publish_input import envelope_for
+from bench.bare_asgi import floor_app
 
 PUBLISH = os.environ.get("BANDGATE_BENCH_FLOOR_PUBLISH", "true") != "false"
 QUEUE = "orders"
-_HEAD = [(b"content-type", b"application/json")]
 
 _topology = load_topology()
 _spec = _topology.queue(QUEUE)
 _link: BrokerLink | None = None
 
 
-async def app(scope: Scope, receive: Receive, send: Send) -> None:
-    if scope["type"] == "lifespan":
-        await _lifespan(receive, send)
-        return
-    if scope["method"] == "GET":  # readiness: the lifespan has connected
-        await _answer(send, 200, b"{}")
-        return
-    body = await _body(receive)
-    data: dict[str, Any] = orjson.loads(body)
+async def _publish(scope: Scope, data: Any) -> tuple[int, bytes]:
     envelope = envelope_for(_topology, _spec, data["payload"], priority=data.get("priority"))
     if PUBLISH:
         assert _link is not None
@@ -57,32 +49,19 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
             enqueued_at=envelope.enqueued_at,
             deliver_at=None,
         )
-    await _answer(send, 201, orjson.dumps(published_body(result)))
+    return 201, orjson.dumps(published_body(result))
 
 
-async def _answer(send: Send, status: int, body: bytes) -> None:
-    headers = [*_HEAD, (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _body(receive: Receive) -> bytes:
-    parts: list[bytes] = []
-    while True:
-        message: Message = await receive()
-        parts.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(parts)
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
+async def _start() -> None:
     global _link
-    await receive()  # startup
     if PUBLISH:
         _link = BrokerLink(os.environ["BANDGATE_AMQP_URL"], _topology, declare_topology=False)
         await _link.start(wait=30)
-    await send({"type": "lifespan.startup.complete"})
-    await receive()  # shutdown
+
+
+async def _stop() -> None:
     if _link is not None:
         await _link.close()
-    await send({"type": "lifespan.shutdown.complete"})
+
+
+app = floor_app(_publish, _start, _stop)

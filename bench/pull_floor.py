@@ -22,15 +22,15 @@ from typing import Any
 import aiormq
 import orjson
 from aiormq.abc import DeliveredMessage
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Scope
 
 from bandgate.topology import naming
 from bandgate.topology.loader import load_topology
+from bench.bare_asgi import floor_app
 
 QUEUE = "orders"
 PRIORITY = 8  # the one-band drain's messages
 PREFETCH = 170  # the drain's gateway: 128 MiB of prefetch over 3 bands of 256 KiB bodies
-_HEAD = [(b"content-type", b"application/json")]
 
 _band = load_topology().queue(QUEUE).band_for(PRIORITY)
 _queue_name = naming.band_queue(QUEUE, _band.name)
@@ -72,23 +72,15 @@ class Consumer:
 _consumer = Consumer()
 
 
-async def app(scope: Scope, receive: Receive, send: Send) -> None:
-    if scope["type"] == "lifespan":
-        await _lifespan(receive, send)
-        return
-    if scope["method"] == "GET":  # readiness: the lifespan has connected
-        await _answer(send, b"{}")
-        return
-    data: dict[str, Any] = orjson.loads(await _body(receive))
+async def _serve(scope: Scope, data: Any) -> tuple[int, bytes]:
     if scope["path"].endswith("/ack"):
-        await _answer(send, orjson.dumps(await _consumer.ack(data["receipts"])))
-        return
-    answer: dict[str, Any] = {}
+        return 200, orjson.dumps(await _consumer.ack(data["receipts"]))
+    reply: dict[str, Any] = {}
     if "ack" in data:
-        answer["ack"] = await _consumer.ack(data["ack"])
+        reply["ack"] = await _consumer.ack(data["ack"])
     taken = await _consumer.take(data["max_messages"], data["wait_seconds"])
-    answer["messages"] = [_message(delivered) for delivered in taken]
-    await _answer(send, orjson.dumps(answer))
+    reply["messages"] = [_message(delivered) for delivered in taken]
+    return 200, orjson.dumps(reply)
 
 
 def _message(delivered: DeliveredMessage) -> dict[str, Any]:
@@ -101,25 +93,12 @@ def _message(delivered: DeliveredMessage) -> dict[str, Any]:
     }
 
 
-async def _answer(send: Send, body: bytes) -> None:
-    headers = [*_HEAD, (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _body(receive: Receive) -> bytes:
-    parts: list[bytes] = []
-    while True:
-        message: Message = await receive()
-        parts.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(parts)
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    await receive()  # startup
+async def _start() -> None:
     await _consumer.start(os.environ["BANDGATE_AMQP_URL"])
-    await send({"type": "lifespan.startup.complete"})
-    await receive()  # shutdown
+
+
+async def _stop() -> None:
     await _consumer.connection.close()
-    await send({"type": "lifespan.shutdown.complete"})
+
+
+app = floor_app(_serve, _start, _stop)
