@@ -24,11 +24,9 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aio_pika
@@ -36,7 +34,6 @@ import httpx
 import orjson
 
 from bandgate.core.broker import BrokerLink
-from bandgate.ops.local_broker import free_port
 from bandgate.topology import naming
 from bandgate.topology.declare import apply_topology, broker_version
 from bandgate.topology.loader import load_topology
@@ -45,7 +42,7 @@ from bandgate.topology.publish_input import envelope_for
 from bench.environment import BenchBroker, cpu_seconds, wait_for_quiet
 from bench.http_client import RawHttp
 from bench.rounds import ROUNDS, median_run, paired_ratios, with_median
-from bench.stage import gateway_process, server_process
+from bench.stage import floor_process, gateway_process
 
 WINDOW = 64
 BATCH = 100
@@ -152,7 +149,7 @@ def run_publish(broker: BenchBroker, messages: int) -> list[dict[str, Any]]:
         one = stack.enter_context(gateway_process(broker))
         two = stack.enter_context(gateway_process(broker, workers=2))
         floors = {
-            name: stack.enter_context(floor_process(broker, publish, server))
+            name: stack.enter_context(_publish_floor(broker, publish, server))
             for name, (server, publish) in FLOORS.items()
             if server == "uvicorn" or GRANIAN
         }
@@ -204,25 +201,12 @@ FLOORS = {
 GRANIAN = importlib.util.find_spec("granian") is not None
 
 
-@contextmanager
-def floor_process(
-    broker: BenchBroker, publish: bool, server: str = "uvicorn"
-) -> Iterator[tuple[int, int]]:
-    """`bench.publish_floor` on a free port under plain uvicorn (httptools and uvloop, as
-    it picks them) or granian (one worker, uvloop): port and pid (granian's supervisor, whose
-    CPU counts its worker's)."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "BANDGATE_AMQP_URL": broker.amqp_url,
-        "BANDGATE_BENCH_FLOOR_PUBLISH": "true" if publish else "false",
-    }
-    command = [sys.executable, "-m", server, "bench.publish_floor:app", "--port", str(port)]
-    if server == "granian":
-        command += ["--interface", "asgi", "--workers", "1", "--loop", "uvloop", "--no-ws"]
-    command += ["--no-access-log", "--log-level", "warning"]
-    with server_process(command, env) as pid:
-        yield port, pid
+def _publish_floor(
+    broker: BenchBroker, publish: bool, server: str
+) -> contextlib.AbstractContextManager[tuple[int, int]]:
+    """`bench.publish_floor` under `server`, publishing or not: port and pid."""
+    settings = {"BANDGATE_BENCH_FLOOR_PUBLISH": "true" if publish else "false"}
+    return floor_process(broker, "bench.publish_floor:app", server, settings)
 
 
 async def _floor(broker: BenchBroker, port: int, pid: int, name: str) -> dict[str, Any]:

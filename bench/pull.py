@@ -36,12 +36,9 @@ for HTTP), `repeated` (received again), `left` (ready in the bands afterwards), 
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -49,7 +46,6 @@ import aio_pika
 import httpx
 
 from bandgate.consumers.consumer import DEFAULT_CONCURRENCY
-from bandgate.ops.local_broker import free_port
 from bandgate.topology import naming, wire
 from bandgate.topology.loader import load_topology
 from bench import priority
@@ -57,7 +53,7 @@ from bench.environment import BenchBroker, wait_for_quiet
 from bench.pull_client import PullClient, PullClientConfig
 from bench.raw_amqp import fill
 from bench.rounds import ROUNDS, median_run, paired_ratios
-from bench.stage import QUEUE, gateway_process, reset_bands, server_process
+from bench.stage import QUEUE, floor_process, gateway_process, reset_bands
 from bench.worker_process import WorkerConfig, WorkerProcess
 
 WARMUP = 1_000
@@ -187,25 +183,13 @@ def _drain_over_http(stage: Stage, config: PullClientConfig, processes: int) -> 
     server = (
         gateway_process(stage.broker, processes, DRAIN_SETTINGS)
         if processes
-        else floor_process(stage.broker)
+        else floor_process(stage.broker, "bench.pull_floor:app")
     )
     with server as (port, gateway_pid):
         _wait_ready(port)
         with PullClient(replace(config, port=port, gateway_pid=gateway_pid)) as client:
             record: dict[str, Any] = client.wait(timeout=300)
     return record
-
-
-@contextmanager
-def floor_process(broker: BenchBroker) -> Iterator[tuple[int, int]]:
-    """`bench.pull_floor` on a free port under plain uvicorn (httptools and uvloop, as it
-    picks them), as `bench publish` runs its floor: port and pid."""
-    port = free_port()
-    env = {**os.environ, "BANDGATE_AMQP_URL": broker.amqp_url}
-    command = [sys.executable, "-m", "uvicorn", "bench.pull_floor:app", "--port", str(port)]
-    command += ["--no-access-log", "--log-level", "warning"]
-    with server_process(command, env) as pid:
-        yield port, pid
 
 
 def _fill(stage: Stage, priorities: tuple[int, ...], messages: int) -> None:

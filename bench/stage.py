@@ -1,5 +1,5 @@
 """What several benchmarks set up the same way: the `orders` bands, emptied; a gateway process;
-queue depths and deletions."""
+a floor under it; queue depths and deletions."""
 
 from __future__ import annotations
 
@@ -80,6 +80,27 @@ def gateway_process(
         "BANDGATE_WORKERS": str(workers),
     }
     command = [sys.executable, "-c", "from bandgate.ops.cli import main; main()", "gateway"]
+    with server_process(command, env) as pid:
+        yield port, pid
+
+
+@contextmanager
+def floor_process(
+    broker: BenchBroker,
+    app: str,
+    server: str = "uvicorn",
+    settings: Mapping[str, str] | None = None,
+) -> Iterator[tuple[int, int]]:
+    """A floor under the gateway (`app`, e.g. `bench.publish_floor:app`) on a free port under
+    plain uvicorn (httptools and uvloop, as it picks them) or granian (one worker, uvloop),
+    with `settings` beside: port and pid (granian's supervisor, whose CPU counts its
+    worker's)."""
+    port = free_port()
+    env = {**os.environ, **(settings or {}), "BANDGATE_AMQP_URL": broker.amqp_url}
+    command = [sys.executable, "-m", server, app, "--port", str(port)]
+    if server == "granian":
+        command += ["--interface", "asgi", "--workers", "1", "--loop", "uvloop", "--no-ws"]
+    command += ["--no-access-log", "--log-level", "warning"]
     with server_process(command, env) as pid:
         yield port, pid
 
