@@ -147,6 +147,12 @@ def main() -> None:
         help="keep the private node's data in /dev/shm (tmpfs): no stalls of this machine's "
         "disk in the p99s (docs/benchmarks.md, 'The disk under the broker')",
     )
+    parser.add_argument(
+        "--broker-busy-wait",
+        action="store_true",
+        help="leave the private node's schedulers busy waiting (RabbitMQ's default); bandgate's "
+        "private nodes turn it off, sharing their cores with Python (ops/local_broker.py)",
+    )
     args = parser.parse_args()
     chosen = [*BENCHMARKS, *OWN_BROKERS] if args.which == "all" else [args.which]
     results: dict[str, list[dict[str, Any]]] = {}
@@ -158,6 +164,7 @@ def main() -> None:
             args.broker_advanced,
             args.default_wal,
             in_memory=args.broker_in_memory,
+            busy_wait=args.broker_busy_wait,
         ) as broker:
             for name in (name for name in chosen if name in BENCHMARKS):
                 results[name] = BENCHMARKS[name](broker, args)
@@ -177,7 +184,8 @@ def main() -> None:
         + "".join(f" --broker-conf {line!r}" for line in args.broker_conf)
         + (f" --broker-advanced {args.broker_advanced!r}" if args.broker_advanced else "")
         + (" --default-wal" if args.default_wal else "")
-        + (" --broker-in-memory" if args.broker_in_memory else ""),
+        + (" --broker-in-memory" if args.broker_in_memory else "")
+        + (" --broker-busy-wait" if args.broker_busy_wait else ""),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{args.which}-{stamp.replace(':', '')}.json"

@@ -1,11 +1,12 @@
 """What a three-node cluster spends per message of bandgate's traffic: the figures the sizing
 model (docs/sizing.md) is built from.
 
-A local cluster of three private nodes, each Erlang VM with busy waiting off (`+sbwt none`,
-`+sbwtdcpu none`, `+sbwtdio none`: an idle scheduler then costs nothing, so a node's CPU time
-is its work, not its spinning). One band, a quorum queue of three members; the client connects
-to a node that follows it, so the three nodes play three parts: the leader's node, the client's
-node (a follower plus the AMQP connection and channel) and the other follower. Per message:
+A local cluster of three private nodes, each Erlang VM with busy waiting off, as every private
+node's (`NO_BUSY_WAIT` in `bandgate.ops.local_broker`: an idle scheduler then costs nothing, so
+a node's CPU time is its work, not its spinning). One band, a quorum queue of three members;
+the client connects to a node that follows it, so the three nodes play three parts: the
+leader's node, the client's node (a follower plus the AMQP connection and channel) and the
+other follower. Per message:
 - `publish`: published through bandgate's Publisher, `IN_FLIGHT` confirms pipelined, then
   eight times as many;
 - `consume`: delivered to an aio-pika consumer (prefetch `IN_FLIGHT`, then eight times as
@@ -67,7 +68,6 @@ PHASES = (
     ("consume", 8 * IN_FLIGHT),
     ("delayed", IN_FLIGHT),
 )
-NO_BUSY_WAIT = "+sbwt none +sbwtdcpu none +sbwtdio none"
 TOPOLOGY = parse_topology(
     {
         "exchange": "bench-sizing",
@@ -105,7 +105,6 @@ def run_cluster(version: str | None) -> list[dict[str, Any]]:
             Path(tmp),
             plugins=("rabbitmq_consistent_hash_exchange",),
             root=root,
-            erl_args=NO_BUSY_WAIT,
         )
         try:
             cluster.start()

@@ -13,7 +13,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bandgate.ops.local_broker import QUORUM_WAL_MAX_SIZE_BYTES, LocalBroker, configured_root
+from bandgate.ops.local_broker import (
+    NO_BUSY_WAIT,
+    QUORUM_WAL_MAX_SIZE_BYTES,
+    LocalBroker,
+    configured_root,
+)
 from tools.broker_roots import root_for
 
 MEMORY = "/dev/shm"  # tmpfs on Linux
@@ -33,6 +38,7 @@ def bench_broker(
     advanced: str = "",
     default_wal: bool = False,
     in_memory: bool = False,
+    busy_wait: bool = False,
 ) -> Iterator[BenchBroker]:
     """`BANDGATE_BENCH_AMQP_URL`, or a private node: of `version` (3.10, 4.0, 4.3; from a
     Debian root of `tools.broker_roots`, built when missing) or the installed one, with
@@ -40,7 +46,9 @@ def bench_broker(
     quorum WAL sized as bandgate's nodes are, or at RabbitMQ's default with `default_wal`;
     its data in `MEMORY` with `in_memory`: a quorum queue delivers a message once its WAL
     write is synced, and this machine's disk stalls writes for 0.3-0.6 s now and then, which
-    every message published meanwhile waits out (docs/benchmarks.md)."""
+    every message published meanwhile waits out (docs/benchmarks.md); its schedulers without
+    busy waiting, as every private node's (`NO_BUSY_WAIT`), unless `busy_wait` (RabbitMQ's
+    default)."""
     url = os.environ.get("BANDGATE_BENCH_AMQP_URL")
     if url:
         yield BenchBroker(url, None)
@@ -61,6 +69,7 @@ def bench_broker(
             settings=settings,
             advanced=advanced,
             quorum_wal_max_size_bytes=None if default_wal else QUORUM_WAL_MAX_SIZE_BYTES,
+            erl_args="" if busy_wait else NO_BUSY_WAIT,
         )
         node.start()
         try:

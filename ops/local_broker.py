@@ -38,6 +38,13 @@ _IN_ROOT = 'mount --bind "$0/usr" /usr && mount --bind "$0/etc" /etc && exec "$@
 # such stall seen (docs/explanation/design.md, "What stalls"). It also bounds the memory the
 # WAL's tables take.
 QUORUM_WAL_MAX_SIZE_BYTES = 64 * 1024 * 1024
+
+# A private node shares its machine's cores with the gateway, the workers and the tests, and an
+# Erlang scheduler with nothing to do spins a while before it sleeps (RabbitMQ's runtime guide,
+# "busy waiting"): CPU taken from the Python processes beside it. Without the spin, hot
+# messages' p99 under a fair band's flood came nearer to fairness off's on two cores
+# (docs/guides/tenants.md, "Figures").
+NO_BUSY_WAIT = "+sbwt none +sbwtdcpu none +sbwtdio none"
 # RabbitMQ 4.3 gave quorum queues a Ra system of their own, sized by
 # `quorum_queue.wal_max_size_bytes`, and no longer applies `raft.wal_max_size_bytes` to it
 # (seen: a 158 MB WAL under a 64 MiB `raft.` setting); before 4.3 only the `raft.` key exists,
@@ -120,7 +127,7 @@ class LocalBroker:
     quorum_wal_max_size_bytes: int | None = QUORUM_WAL_MAX_SIZE_BYTES
     settings: tuple[str, ...] = ()  # more rabbitmq.conf lines (the benchmarks' broker studies)
     advanced: str = ""  # an advanced.config term, for settings rabbitmq.conf has no key for
-    erl_args: str = ""  # more Erlang VM flags (the cluster benchmark turns off busy waiting)
+    erl_args: str = NO_BUSY_WAIT  # Erlang VM flags ("": RabbitMQ's own, busy waiting on)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bandgate.ops.local_broker import LocalBroker, configured_root
+from bandgate.ops.local_broker import NO_BUSY_WAIT, LocalBroker, configured_root
 
 
 @dataclass
@@ -18,7 +18,7 @@ class LocalCluster:
     plugins: tuple[str, ...] = ()  # rabbitmq_management on every node, for the doctor's view
     # A Debian root of tools.broker_roots (None: the installed RabbitMQ).
     root: Path | None = field(default_factory=configured_root)
-    erl_args: str = ""  # more Erlang VM flags for every node
+    erl_args: str = NO_BUSY_WAIT  # Erlang VM flags for every node (`LocalBroker.erl_args`)
     nodes: list[LocalBroker] = field(default_factory=list)
 
     def start(self) -> LocalCluster:

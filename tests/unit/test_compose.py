@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from bandgate.ops.local_broker import QUORUM_WAL_MAX_SIZE_BYTES, quorum_wal_key
+from bandgate.ops.local_broker import NO_BUSY_WAIT, QUORUM_WAL_MAX_SIZE_BYTES, quorum_wal_key
 from bandgate.topology import export
 from bandgate.topology.loader import load_topology
 from tests.unit.test_floors import FLOORS
@@ -123,6 +123,13 @@ def wal_settings() -> list[str]:
 def test_the_compose_broker_sizes_its_wal_as_private_nodes_do() -> None:
     [setting] = wal_settings()
     assert setting.endswith(f" = {QUORUM_WAL_MAX_SIZE_BYTES}")
+
+
+def test_the_compose_broker_does_not_busy_wait_as_private_nodes_do(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    erl_args = services["rabbitmq"]["environment"]["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
+    assert erl_args == NO_BUSY_WAIT
 
 
 def test_the_compose_broker_names_its_wal_by_the_key_its_version_takes(

@@ -66,3 +66,11 @@ def test_the_wal_line_is_written_unless_the_node_keeps_rabbitmqs_default(tmp_pat
     default = LocalBroker(tmp_path / "default", root=root, quorum_wal_max_size_bytes=None)
     default._write_config()
     assert "wal_max_size_bytes" not in (tmp_path / "default" / "rabbitmq.conf").read_text()
+
+
+def test_a_private_node_runs_without_busy_waiting_unless_asked(tmp_path: Path) -> None:
+    """It shares the machine's cores with the gateway, workers and tests (ops/local_broker.py)."""
+    quiet = LocalBroker(tmp_path / "quiet", root=None)._env()
+    assert quiet["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"] == "+sbwt none +sbwtdcpu none +sbwtdio none"
+    spinning = LocalBroker(tmp_path / "spinning", root=None, erl_args="")._env()
+    assert "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS" not in spinning
