@@ -45,6 +45,7 @@ QUORUM_WAL_MAX_SIZE_BYTES = 64 * 1024 * 1024
 # messages' p99 under a fair band's flood came nearer to fairness off's on two cores
 # (docs/guides/tenants.md, "Figures").
 NO_BUSY_WAIT = "+sbwt none +sbwtdcpu none +sbwtdio none"
+
 # RabbitMQ 4.3 gave quorum queues a Ra system of their own, sized by
 # `quorum_queue.wal_max_size_bytes`, and no longer applies `raft.wal_max_size_bytes` to it
 # (seen: a 158 MB WAL under a 64 MiB `raft.` setting); before 4.3 only the `raft.` key exists,
